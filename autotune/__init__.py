@@ -1,0 +1,48 @@
+"""autotune: find the fastest training configuration by measuring it.
+
+``autotune.run(train_fn)`` runs one isolated trial per configuration with Optuna, measures
+steady-state throughput and accuracy loss against an fp32 reference, and returns the best config.
+"""
+
+from autotune._api import load_best, load_study_result, run
+from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord
+from autotune._errors import AutotuneError, KnobError, SpaceError, StudyError, WorkloadError
+from autotune._space import SearchSpace, load_space
+from autotune._tuner import Tuner
+
+__version__ = "0.1.0"
+
+# These need torch; importing them lazily keeps the coordinator and the CLI free of a torch import.
+_LAZY = {"TrialContext": "autotune._context", "NonFiniteLoss": "autotune._context", "applied": "autotune._knobs"}
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module-level lazy attribute
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+
+
+__all__ = [
+    "AutotuneError",
+    "Budget",
+    "KnobError",
+    "Measurement",
+    "NonFiniteLoss",
+    "Result",
+    "SearchSpace",
+    "SpaceError",
+    "StudyError",
+    "TrialConfig",
+    "TrialContext",
+    "TrialOutcome",
+    "TrialRecord",
+    "Tuner",
+    "WorkloadError",
+    "applied",
+    "load_best",
+    "load_space",
+    "load_study_result",
+    "run",
+]

@@ -1,0 +1,61 @@
+"""The top-level functions: thin wrappers over ``Tuner`` and the study readers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import optuna
+
+from autotune._config import Result, TrialConfig
+from autotune._errors import StudyError
+from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
+from autotune._tuner import Tuner, summarize_study
+
+
+def run(train_fn: Union[Callable[..., Any], str], **options: Any) -> Result:
+    """Tune ``train_fn(ctx)`` and return the best feasible config. Options are ``Tuner``'s."""
+    return Tuner(train_fn, **options).run()
+
+
+def load_study_result(study_name: str, *, storage: Optional[str] = None,
+                      studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> tuple[optuna.Study, Result]:
+    """Open a finished (or running) study and summarise it.
+
+    Raises:
+        StudyError: no such study in the storage.
+    """
+    opened, url = open_storage(storage, Path(studies_dir))
+    if not study_exists(opened, study_name):
+        names = ", ".join(s.study_name for s in optuna.get_all_study_summaries(opened)) or "none"
+        raise StudyError(f"no study {study_name!r} in {url} (studies there: {names})")
+    study = optuna.load_study(study_name=study_name, storage=opened)
+    return study, summarize_study(study, storage_url=url)
+
+
+def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
+              studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> TrialConfig:
+    """The best config of a study, from its ``best_config.json`` or from the storage.
+
+    Args:
+        study_or_path: A path to ``best_config.json``, or a study name.
+
+    Raises:
+        StudyError: nothing feasible was found, or the study does not exist.
+    """
+    path = Path(study_or_path)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise StudyError(f"{path}: no such file")
+        doc = json.loads(path.read_text())
+        if not doc.get("config"):
+            raise StudyError(f"{path}: the study found no feasible config")
+        return TrialConfig.from_dict(doc["config"])
+    json_path = study_dir(str(study_or_path), Path(studies_dir)) / "best_config.json"
+    if storage is None and json_path.is_file():
+        return load_best(json_path)
+    _, result = load_study_result(str(study_or_path), storage=storage, studies_dir=studies_dir)
+    if result.best_config is None:
+        raise StudyError(f"study {study_or_path!r} has no feasible config yet")
+    return result.best_config

@@ -1,0 +1,223 @@
+"""Typed records that cross process and storage boundaries: configs, budgets, measurements, results."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+COMPILE_MODES: tuple[str, ...] = (
+    "off",
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+)
+# torch.compile modes that capture CUDA Graphs themselves, which a whole-step capture cannot wrap.
+COMPILE_MODES_WITH_GRAPHS: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
+LOADERS: tuple[str, ...] = ("torch",)
+
+Status = Literal["ok", "oom", "timeout", "crash", "nan", "error"]
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One point of the search space: every knob autotune sets for a trial.
+
+    The defaults are the untuned baseline: fp32 with TF32 off, batch 64, eager, one loader process.
+    """
+
+    precision: Precision = "fp32"
+    batch_size: int = 64
+    channels_last: bool = False
+    compile: str = "off"
+    cuda_graphs: bool = False
+    cudnn_benchmark: bool = False
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int = 2
+    persistent_workers: bool = False
+    memory_fraction: float = 1.0
+    cpu_threads: Optional[int] = None
+    loader: str = "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "TrialConfig":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """A short human summary, e.g. ``bf16 bs256 channels_last compile=default graphs``."""
+        parts = [self.precision, f"bs{self.batch_size}"]
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.compile != "off":
+            parts.append(f"compile={self.compile}")
+        if self.cuda_graphs:
+            parts.append("graphs")
+        parts.append(f"workers={self.num_workers}")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.memory_fraction < 1.0:
+            parts.append(f"memfrac={self.memory_fraction:g}")
+        if self.cpu_threads is not None:
+            parts.append(f"threads={self.cpu_threads}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long each trial trains: the same number of samples for every config.
+
+    Args:
+        samples: Training samples per trial, warm-up included, so that accuracy is comparable.
+        warmup_steps: Steps before timing starts (compile, graph capture and cache warm-up happen here).
+        windows: Timed windows after warm-up; throughput is their median.
+    """
+
+    samples: int = 8192
+    warmup_steps: int = 5
+    windows: int = 3
+
+    def __post_init__(self) -> None:
+        if self.samples <= 0 or self.warmup_steps < 0 or self.windows < 3:
+            raise ValueError("budget needs samples > 0, warmup_steps >= 0 and windows >= 3")
+
+    def steps_for(self, batch_size: int) -> int:
+        return self.samples // batch_size
+
+    def min_samples_for(self, batch_size: int) -> int:
+        return batch_size * (self.warmup_steps + self.windows)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one trial measured. Throughput is steady-state only: warm-up, compile and capture are apart."""
+
+    throughput: float  # samples per second, median of the timed windows
+    window_throughputs: tuple[float, ...]
+    step_time: float  # seconds per step, median
+    data_wait_fraction: float  # share of the timed windows spent waiting on the loader
+    peak_memory_gib: float  # device allocator peak on CUDA, process peak RSS on CPU
+    warmup_seconds: float
+    first_step_seconds: float
+    compile_seconds: float  # first step minus a steady step, when torch.compile is on
+    capture_seconds: float  # CUDA Graph capture of the whole step
+    samples: int
+    steps: int
+    metric: Optional[float] = None
+    scaler_skips: int = 0
+    graph_replays: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the window throughputs."""
+        if not self.window_throughputs or self.throughput <= 0:
+            return math.nan
+        return (max(self.window_throughputs) - min(self.window_throughputs)) / self.throughput
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["window_throughputs"] = list(self.window_throughputs)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Measurement":
+        data = dict(data)
+        data["window_throughputs"] = tuple(data.get("window_throughputs", ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """A trial process's result: a measurement, or the class of its failure with the evidence."""
+
+    status: Status
+    measurement: Optional[Measurement] = None
+    error: str = ""  # one line
+    stderr_tail: str = ""
+    signal: Optional[str] = None
+    wall_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "measurement": self.measurement.to_dict() if self.measurement else None,
+            "error": self.error,
+            "stderr_tail": self.stderr_tail,
+            "signal": self.signal,
+            "wall_seconds": self.wall_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialOutcome":
+        m = data.get("measurement")
+        return cls(
+            status=data["status"],
+            measurement=Measurement.from_dict(m) if m else None,
+            error=data.get("error", ""),
+            stderr_tail=data.get("stderr_tail", ""),
+            signal=data.get("signal"),
+            wall_seconds=data.get("wall_seconds", 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One finished trial as the result reports it."""
+
+    number: int
+    config: TrialConfig
+    throughput: float
+    accuracy_loss: float
+    status: str
+    feasible: bool
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a study found: the best feasible config, how it compares, and the Pareto set."""
+
+    study_name: str
+    storage: str
+    best: Optional[TrialRecord]
+    baseline: TrialConfig
+    baseline_throughput: float
+    reference_metric: Optional[float]
+    metric_noise: float
+    pareto: tuple[TrialRecord, ...]
+    removed_knobs: dict[str, str]
+    best_config_path: Optional[str] = None
+
+    @property
+    def best_config(self) -> Optional[TrialConfig]:
+        return self.best.config if self.best else None
+
+    @property
+    def speedup(self) -> float:
+        if not self.best or self.baseline_throughput <= 0:
+            return math.nan
+        return self.best.throughput / self.baseline_throughput
+
+
+def dumps(data: Any) -> str:
+    """Canonical JSON (sorted keys) used for fingerprints and files."""
+    return json.dumps(data, sort_keys=True, indent=2, default=str)

@@ -1,0 +1,230 @@
+"""The per-trial context handed to ``train_fn``: the sampled config plus helpers that apply each knob."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+from autotune import _knobs
+from autotune._config import Budget, Measurement, TrialConfig
+from autotune._errors import KnobError
+from autotune._measure import Window, WindowRecorder, summarize, synchronize
+
+
+class NonFiniteLoss(ArithmeticError):
+    """The training loss became NaN or inf."""
+
+
+class TrialContext:
+    """What ``train_fn(ctx)`` gets: ``ctx.config`` and helpers that apply it.
+
+    The same helpers work outside a study, to train with the best config: build a context with
+    ``TrialContext(config=autotune.load_best(...))`` and no budget, and ``batches`` yields one epoch.
+
+    Args:
+        config: The knobs to apply.
+        budget: Trial length and timing; ``None`` outside a study (no timing, one epoch per ``batches``).
+        seed: Seed for the data order and the user's initialisation (``ctx.seed``).
+        baseline_batch_size: The reference batch size, for ``lr_scale``.
+        device: Defaults to CUDA when available.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: TrialConfig,
+        budget: Optional[Budget] = None,
+        seed: int = 0,
+        baseline_batch_size: Optional[int] = None,
+        device: Optional[torch.device] = None,
+    ) -> None:
+        self.config = config
+        self.budget = budget
+        self.seed = seed
+        self.baseline_batch_size = baseline_batch_size or config.batch_size
+        self.device = device or _knobs.pick_device()
+        self.metric: Optional[float] = None
+        self.recorder = WindowRecorder(self.device)
+        self._steps_done = 0
+        self._samples_done = 0
+        self._train_steps: list[_knobs.TrainStep] = []
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    # -- knobs ---------------------------------------------------------------------------------
+    @property
+    def lr_scale(self) -> float:
+        """batch_size / baseline batch size: multiply your learning rate by it (linear scaling rule)."""
+        return self.config.batch_size / self.baseline_batch_size
+
+    def model(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Move to the device, apply channels_last and torch.compile as configured."""
+        return _knobs.prepare_model(module, self.config, self.device)
+
+    def optimizer(self, cls: type, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
+        """Build ``cls(params, **kwargs)`` with what the config needs (capturable/fused for CUDA Graphs)."""
+        return cls(params, **{**_knobs.optimizer_options(cls, self.config, self.device), **kwargs})
+
+    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A DataLoader with the config's batch size, workers, pinning and prefetching.
+
+        The data order depends only on ``ctx.seed``, never on the batch size, so every trial sees the
+        same samples in the same order. Incomplete last batches are dropped (static shapes).
+        """
+        cfg = self.config
+        workers = cfg.num_workers
+        options: dict[str, Any] = {
+            "batch_size": cfg.batch_size,
+            "num_workers": workers,
+            "pin_memory": cfg.pin_memory and self.device.type == "cuda",
+            "drop_last": True,
+        }
+        if workers > 0:
+            options["prefetch_factor"] = cfg.prefetch_factor
+            options["persistent_workers"] = cfg.persistent_workers
+        if shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed)
+            options["sampler"] = torch.utils.data.RandomSampler(dataset, generator=generator)
+        options.update(kwargs)
+        return torch.utils.data.DataLoader(dataset, **options)
+
+    def train_step(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[..., torch.Tensor],
+    ) -> _knobs.TrainStep:
+        """A callable ``step(inputs, targets) -> loss`` with autocast, GradScaler and CUDA Graphs applied."""
+        step = _knobs.TrainStep(model, optimizer, loss_fn, config=self.config, device=self.device)
+        self._train_steps.append(step)
+        return step
+
+    def autocast(self) -> Any:
+        """The config's autocast context, for evaluation code."""
+        return _knobs.autocast(self.config, self.device)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Copy a batch tensor to the device (asynchronously when pinned), channels_last for images."""
+        tensor = tensor.to(self.device, non_blocking=self.config.pin_memory)
+        if self.config.channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.contiguous(memory_format=torch.channels_last)
+        return tensor
+
+    # -- measured iteration ----------------------------------------------------------------------
+    def _plan(self) -> tuple[int, int, int]:
+        assert self.budget is not None
+        steps = self.budget.steps_for(self.config.batch_size)
+        warmup = self.budget.warmup_steps
+        if self.config.cuda_graphs:
+            warmup = max(warmup, _knobs.GRAPH_WARMUP_STEPS + 2)  # eager warm-up, capture, one replay
+        window_steps = (steps - warmup) // self.budget.windows
+        if window_steps < 1:
+            raise KnobError(
+                f"budget of {self.budget.samples} samples leaves no timed window at batch "
+                f"{self.config.batch_size} after {warmup} warm-up steps"
+            )
+        return steps, warmup, window_steps
+
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Yield device batches: warm-up steps, then the timed windows, until the budget is spent.
+
+        The loader is restarted as often as needed. Outside a study it yields one epoch, untimed.
+        """
+        if self.budget is None:
+            for batch in loader:
+                yield self._move(batch)
+            return
+        steps, warmup, window_steps = self._plan()
+        timed_end = warmup + window_steps * self.budget.windows
+        iterator = iter(loader)
+        start = time.perf_counter()
+        for step in range(steps):
+            if step >= warmup and step < timed_end and (step - warmup) % window_steps == 0:
+                self.recorder.begin_window()
+            fetch = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                iterator = iter(loader)
+                batch = next(iterator)
+            batch = self._move(batch)
+            wait = time.perf_counter() - fetch
+            yield batch
+            samples = _batch_len(batch)
+            self._steps_done += 1
+            self._samples_done += samples
+            if self.recorder.in_window:
+                self.recorder.add(samples, wait)
+            if step == 0:
+                synchronize(self.device)
+                self.recorder.first_step_seconds = time.perf_counter() - start
+            if step + 1 == warmup:
+                synchronize(self.device)
+                self.recorder.warmup_seconds = time.perf_counter() - start
+            if step + 1 > warmup and step + 1 <= timed_end and (step + 1 - warmup) % window_steps == 0:
+                self.recorder.end_window()
+                self._check_finite()
+        self._check_finite()
+
+    def _move(self, batch: Any) -> Any:
+        if isinstance(batch, torch.Tensor):
+            return self.to_device(batch)
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self._move(b) for b in batch)
+        if isinstance(batch, dict):
+            return {k: self._move(v) for k, v in batch.items()}
+        return batch
+
+    def _check_finite(self) -> None:
+        for step in self._train_steps:
+            if step.scaler is not None:
+                continue  # the scaler skips non-finite steps by design; skips are counted instead
+            loss = step.last_loss
+            if loss is not None and not bool(torch.isfinite(loss).all()):
+                raise NonFiniteLoss(f"training loss is {loss.float().item()} at step {self._steps_done}")
+
+    # -- manual reporting ----------------------------------------------------------------------
+    def record_window(self, samples: int, seconds: float, *, steps: int = 1, data_wait_seconds: float = 0.0) -> None:
+        """For hand-written loops: report one timed window (synchronise the device before timing)."""
+        if seconds <= 0 or samples <= 0:
+            raise ValueError("a window needs samples > 0 and seconds > 0")
+        self.recorder.record(Window(seconds, steps, samples, data_wait_seconds))
+        self._samples_done += samples
+        self._steps_done += steps
+
+    def report_metric(self, value: float) -> None:
+        """Report the evaluation metric (accuracy, or a loss if the study minimises the metric)."""
+        value = float(value)
+        if not math.isfinite(value):
+            raise NonFiniteLoss(f"evaluation metric is {value}")
+        self.metric = value
+
+    def measurement(self) -> Measurement:
+        """Summarise what this trial measured (called by autotune after ``train_fn`` returns)."""
+        skips = sum(s.scaler_skips for s in self._train_steps)
+        if self._train_steps and skips > 0.5 * max(1, self._steps_done):
+            raise NonFiniteLoss(f"the fp16 scaler skipped {skips} of {self._steps_done} steps as non-finite")
+        return summarize(
+            self.recorder,
+            total_samples=self._samples_done,
+            total_steps=self._steps_done,
+            compiled=self.config.compile != "off",
+            capture_seconds=sum(s.capture_seconds for s in self._train_steps),
+            metric=self.metric,
+            scaler_skips=skips,
+            graph_replays=sum(s.graph_replays for s in self._train_steps),
+        )
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    if isinstance(batch, dict) and batch:
+        return _batch_len(next(iter(batch.values())))
+    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")

@@ -1,0 +1,26 @@
+"""The one small tree of errors autotune raises; the CLI maps each to one line and exit code 1."""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base class of every error autotune raises on purpose."""
+
+
+class SpaceError(AutotuneError):
+    """A search space that does not load or validate."""
+
+
+class WorkloadError(AutotuneError):
+    """A training function that cannot be found, imported or run at all."""
+
+
+class StudyError(AutotuneError):
+    """A study that cannot be created, resumed or read (e.g. a changed search space)."""
+
+
+class KnobError(AutotuneError):
+    """A knob that cannot be applied as configured (e.g. CUDA Graphs without CUDA)."""
+
+
+__all__ = ["AutotuneError", "KnobError", "SpaceError", "StudyError", "WorkloadError"]

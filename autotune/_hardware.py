@@ -1,0 +1,151 @@
+"""What the machine can run, and who it is. The only module that imports ``pynvml``.
+
+The probe runs in a child process (``python -m autotune._hardware``) so that the coordinator never
+creates a CUDA context of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from autotune._errors import AutotuneError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this machine can run, and its hardware/software fingerprint."""
+
+    cuda: bool
+    bf16: bool
+    gpu_name: str = ""
+    gpu_uuid: str = ""
+    gpu_count: int = 0
+    gpu_memory_gib: float = 0.0
+    driver: str = ""
+    cuda_version: str = ""
+    torch: str = ""
+    torchvision: str = ""
+    python: str = ""
+    hostname: str = ""
+    cpu_count: int = 0
+    compile: bool = True
+    compile_reason: str = ""
+    dali: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Capabilities":
+        return cls(**data)
+
+    @property
+    def device_label(self) -> str:
+        return self.gpu_name if self.cuda else f"CPU ({self.cpu_count} cores)"
+
+
+def nvml_identity(index: int = 0) -> dict[str, str]:
+    """GPU name, UUID and driver from NVML; empty where NVML is missing or there is no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVML raises its own error types when no driver is loaded
+        return {}
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        return {
+            "gpu_name": text(pynvml.nvmlDeviceGetName(handle)),
+            "gpu_uuid": text(pynvml.nvmlDeviceGetUUID(handle)),
+            "driver": text(pynvml.nvmlSystemGetDriverVersion()),
+        }
+    except Exception:
+        return {}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _probe_here() -> Capabilities:
+    import importlib.util
+
+    import torch
+
+    try:
+        import torchvision
+
+        tv = torchvision.__version__
+    except ImportError:
+        tv = ""
+    cuda = torch.cuda.is_available()
+    info: dict[str, Any] = {}
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        info = {
+            "gpu_name": props.name,
+            "gpu_count": torch.cuda.device_count(),
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda_version": torch.version.cuda or "",
+        }
+        info.update(nvml_identity(0))
+    bf16 = bool(torch.cuda.is_bf16_supported()) if cuda else True
+    compile_ok, compile_reason = True, ""
+    if sys.platform == "win32":
+        compile_ok, compile_reason = False, "torch.compile is not supported on Windows"
+    elif not cuda:
+        import shutil
+
+        if not (shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")):
+            compile_ok, compile_reason = False, "torch.compile on CPU needs a C++ compiler and none was found"
+    return Capabilities(
+        cuda=cuda,
+        bf16=bf16,
+        torch=torch.__version__,
+        torchvision=tv,
+        python=platform.python_version(),
+        hostname=socket.gethostname(),
+        cpu_count=os.cpu_count() or 1,
+        compile=compile_ok,
+        compile_reason=compile_reason,
+        dali=importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None,
+        **info,
+    )
+
+
+def probe(*, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Capabilities:
+    """Probe the machine in a child process.
+
+    Raises:
+        AutotuneError: the child could not import torch or did not answer.
+    """
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune._hardware"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        raise AutotuneError(f"the hardware probe did not answer within {timeout:.0f}s") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise AutotuneError(f"the hardware probe failed: {tail}")
+    return Capabilities.from_dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe_here().to_dict()))

@@ -1,0 +1,194 @@
+"""Applying knobs: global backend flags (put back afterwards), autocast, the capturable train step."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from autotune._config import TrialConfig
+from autotune._errors import KnobError
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as torch's docs prescribe
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Iterator[None]:
+    """Set the process-wide flags a config asks for, and put every one of them back on exit.
+
+    TF32 is on for every precision but ``fp32``, which means true fp32 (the accuracy reference).
+    """
+    device = device or pick_device()
+    saved = {
+        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "threads": torch.get_num_threads(),
+    }
+    fraction_set = False
+    try:
+        tf32 = config.precision != "fp32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = config.cudnn_benchmark
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
+        if config.memory_fraction < 1.0:
+            if device.type != "cuda":
+                raise KnobError("memory_fraction < 1 needs a CUDA device")
+            torch.cuda.set_per_process_memory_fraction(config.memory_fraction, device)
+            fraction_set = True
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
+        torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
+        torch.set_num_threads(saved["threads"])
+        if fraction_set:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context for a config's precision (a no-op for fp32 and tf32)."""
+    dtype = AUTOCAST_DTYPES.get(config.precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.device) -> torch.nn.Module:
+    model = model.to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if config.compile != "off":
+        mode = None if config.compile == "default" else config.compile
+        model = torch.compile(model, mode=mode)
+    return model
+
+
+def optimizer_options(cls: type, config: TrialConfig, device: torch.device) -> dict[str, Any]:
+    """Constructor options an optimizer needs for the config: capturable for graphs, fused for fp16 graphs."""
+    accepted = inspect.signature(cls.__init__).parameters
+    options: dict[str, Any] = {}
+    if device.type == "cuda" and config.cuda_graphs:
+        if "capturable" in accepted:
+            options["capturable"] = True
+        if config.precision == "fp16" and "fused" in accepted:
+            # A fused optimizer takes the scaler's found_inf on the device, so the step never syncs.
+            options["fused"] = True
+    return options
+
+
+class TrainStep:
+    """One training step (forward, loss, backward, optimizer) with the config's precision applied.
+
+    With ``cuda_graphs`` the whole step is captured once into a CUDA Graph after a few eager warm-up
+    steps, and later calls copy the batch into static input buffers and replay the graph.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[..., torch.Tensor],
+        *,
+        config: TrialConfig,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.config = config
+        self.device = device
+        self.scaler: Optional[torch.amp.GradScaler] = None
+        if config.precision == "fp16":
+            if device.type != "cuda":
+                raise KnobError("fp16 with GradScaler needs a CUDA device")
+            self.scaler = torch.amp.GradScaler("cuda")
+        self.use_graph = config.cuda_graphs
+        if self.use_graph and device.type != "cuda":
+            raise KnobError("cuda_graphs needs a CUDA device")
+        if self.use_graph and self.scaler is not None and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise KnobError(
+                "fp16 with CUDA Graphs needs an optimizer that takes the scale on the device, "
+                "e.g. torch.optim.SGD(..., fused=True); ctx.optimizer(...) sets this for you"
+            )
+        self._skips = torch.zeros((), device=device, dtype=torch.float32)
+        self.calls = 0
+        self.last_loss: Optional[torch.Tensor] = None
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.graph_replays = 0
+        self.capture_seconds = 0.0
+        self._static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._static_loss: Optional[torch.Tensor] = None
+        self._stream: Optional[torch.cuda.Stream] = None
+
+    def _body(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with autocast(self.config, self.device):
+            loss = self.loss_fn(self.model(inputs), targets)
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+            return loss.detach()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        # Count skipped steps on the device: no sync, and it works inside a captured graph.
+        state = self.scaler._per_optimizer_states[id(self.optimizer)]
+        for found_inf in state["found_inf_per_device"].values():
+            self._skips += found_inf.to(self._skips.device)
+        self.scaler.update()
+        return loss.detach()
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.last_loss = self._call(inputs, targets)
+        return self.last_loss
+
+    def _call(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if not self.use_graph:
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._body(inputs, targets)
+        if self._static is None:
+            self._static = (inputs.clone(), targets.clone())
+            self._stream = torch.cuda.Stream()
+        static_in, static_tgt = self._static
+        if inputs.shape != static_in.shape or targets.shape != static_tgt.shape:
+            raise KnobError(
+                f"CUDA Graphs need a fixed batch shape; got {tuple(inputs.shape)} after "
+                f"{tuple(static_in.shape)} (use drop_last=True)"
+            )
+        static_in.copy_(inputs, non_blocking=True)
+        static_tgt.copy_(targets, non_blocking=True)
+        if self.graph is None and self.calls <= GRAPH_WARMUP_STEPS:
+            assert self._stream is not None
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                self.optimizer.zero_grad(set_to_none=True)
+                loss = self._body(static_in, static_tgt)
+            torch.cuda.current_stream().wait_stream(self._stream)
+            return loss
+        if self.graph is None:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            self.graph = torch.cuda.CUDAGraph()
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.cuda.graph(self.graph):
+                self._static_loss = self._body(static_in, static_tgt)
+            torch.cuda.synchronize()
+            self.capture_seconds = time.perf_counter() - start
+        self.graph.replay()
+        self.graph_replays += 1
+        assert self._static_loss is not None
+        return self._static_loss
+
+    @property
+    def scaler_skips(self) -> int:
+        return int(self._skips.item())

@@ -1,0 +1,378 @@
+"""Search spaces: load and validate YAML, filter by capability, sample a TrialConfig from an Optuna trial."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from autotune._config import COMPILE_MODES, COMPILE_MODES_WITH_GRAPHS, LOADERS, PRECISIONS, Budget, TrialConfig
+from autotune._errors import SpaceError
+
+_BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers")
+
+
+def _check_value(knob: str, value: Any) -> Optional[str]:
+    if knob in _BOOL_KNOBS:
+        return None if isinstance(value, bool) else f"{value!r} is not true or false"
+    if knob == "precision":
+        return None if value in PRECISIONS else f"{value!r} is not one of {', '.join(PRECISIONS)}"
+    if knob == "compile":
+        return None if value in COMPILE_MODES else f"{value!r} is not one of {', '.join(COMPILE_MODES)}"
+    if knob == "loader":
+        return None if value in LOADERS else f"{value!r} is not one of {', '.join(LOADERS)}"
+    if knob == "memory_fraction":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+        return None if ok else f"{value!r} is not a fraction in (0, 1]"
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"{value!r} is not an integer"
+    if knob == "batch_size":
+        if value <= 0 or value % 8:
+            return f"{value} is not a positive multiple of 8 (Tensor Core multiple)"
+        return None
+    if knob == "num_workers":
+        return None if value >= 0 else f"{value} is negative"
+    if knob in ("prefetch_factor", "cpu_threads"):
+        return None if value >= 1 else f"{value} is below 1"
+    raise AssertionError(knob)
+
+
+KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig))
+_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget"}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searchable knob: a list of choices, or an integer/float range."""
+
+    name: str
+    choices: Optional[tuple[Any, ...]] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+    step: Optional[float] = None
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        """Every value the knob can take (ranges are expanded)."""
+        if self.choices is not None:
+            return self.choices
+        assert self.low is not None and self.high is not None and self.step is not None
+        out, v = [], self.low
+        while v <= self.high + 1e-9:
+            out.append(v)
+            v += self.step
+        return tuple(out)
+
+    @property
+    def fixed(self) -> bool:
+        return len(self.values) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.choices is not None:
+            return {"choices": list(self.choices)}
+        return {"low": self.low, "high": self.high, "step": self.step}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space. Knobs not listed keep the baseline's value."""
+
+    name: str
+    knobs: dict[str, Knob]
+    baseline: TrialConfig = TrialConfig()
+    budget: Budget = Budget()
+    description: str = ""
+    removed: dict[str, str] = field(default_factory=dict)  # "knob=value" -> why the probe removed it
+
+    def to_dict(self) -> dict[str, Any]:
+        """The user-facing definition (without probe removals), used for the fingerprint."""
+        return {
+            "knobs": {k: v.to_dict() for k, v in sorted(self.knobs.items())},
+            "baseline": self.baseline.to_dict(),
+            "budget": dataclasses.asdict(self.budget),
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for knob in self.knobs.values():
+            n *= len(knob.values)
+        return n
+
+    def without(self, knob: str, value: Any, reason: str) -> "SearchSpace":
+        """This space with one value of one knob removed, recording why."""
+        spec = self.knobs.get(knob)
+        if spec is None or value not in spec.values:
+            return self
+        remaining = tuple(v for v in spec.values if v != value)
+        knobs = dict(self.knobs)
+        removed = dict(self.removed)
+        removed[f"{knob}={_fmt(value)}"] = reason
+        baseline = self.baseline
+        if remaining:
+            knobs[knob] = Knob(knob, choices=remaining)
+        else:
+            del knobs[knob]
+        if getattr(baseline, knob) == value:
+            fallback = remaining[0] if remaining else getattr(TrialConfig(), knob)
+            baseline = baseline.replace(**{knob: fallback})
+        return dataclasses.replace(self, knobs=knobs, removed=removed, baseline=baseline)
+
+    def max_batch_size(self) -> int:
+        spec = self.knobs.get("batch_size")
+        return max(spec.values) if spec else self.baseline.batch_size
+
+    def sample(self, trial: Any) -> TrialConfig:
+        """Ask an Optuna trial for one config. Knobs that cannot matter for a value are not asked."""
+        chosen: dict[str, Any] = {}
+        for name in KNOBS:
+            spec = self.knobs.get(name)
+            if spec is None or spec.fixed:
+                chosen[name] = spec.values[0] if spec else getattr(self.baseline, name)
+                continue
+            if name == "cuda_graphs" and chosen.get("compile") in COMPILE_MODES_WITH_GRAPHS:
+                chosen[name] = False  # the compile mode captures graphs itself
+                continue
+            if name in ("prefetch_factor", "persistent_workers") and chosen.get("num_workers") == 0:
+                chosen[name] = getattr(TrialConfig(), name)
+                continue
+            if spec.choices is not None:
+                chosen[name] = trial.suggest_categorical(name, list(spec.choices))
+            elif name == "memory_fraction":
+                chosen[name] = trial.suggest_float(name, spec.low, spec.high, step=spec.step)
+            else:
+                chosen[name] = trial.suggest_int(name, int(spec.low), int(spec.high), step=int(spec.step))
+        return TrialConfig(**chosen)
+
+    def distributions(self) -> dict[str, Any]:
+        """The Optuna distribution of each searchable knob (for enqueueing and replay)."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        out: dict[str, Any] = {}
+        for name, spec in self.knobs.items():
+            if spec.fixed:
+                continue
+            if spec.choices is not None:
+                out[name] = CategoricalDistribution(list(spec.choices))
+            elif name == "memory_fraction":
+                out[name] = FloatDistribution(spec.low, spec.high, step=spec.step)
+            else:
+                out[name] = IntDistribution(int(spec.low), int(spec.high), step=int(spec.step))
+        return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _normalise(knob: str, value: Any) -> Any:
+    # YAML 1.1 reads a bare `off` as false; for compile it means "off".
+    if knob == "compile" and value is False:
+        return "off"
+    if knob == "memory_fraction" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _parse_knob(where: str, name: str, raw: Any) -> Knob:
+    if isinstance(raw, dict):
+        unknown = sorted(set(raw) - {"choices", "low", "high", "step"})
+        if unknown:
+            raise SpaceError(f"{where}: knobs.{name}: unknown key {unknown[0]!r} (use choices, or low/high/step)")
+        if "choices" in raw:
+            raw = raw["choices"]
+        else:
+            return _parse_range(where, name, raw)
+    values = raw if isinstance(raw, list) else [raw]
+    if not values:
+        raise SpaceError(f"{where}: knobs.{name}: empty choices")
+    values = [_normalise(name, v) for v in values]
+    for v in values:
+        problem = _check_value(name, v)
+        if problem:
+            raise SpaceError(f"{where}: knobs.{name}: {problem}")
+    if len(set(map(repr, values))) != len(values):
+        raise SpaceError(f"{where}: knobs.{name}: duplicate choices")
+    return Knob(name, choices=tuple(values))
+
+
+def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
+    if name not in ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction"):
+        raise SpaceError(f"{where}: knobs.{name}: a range needs a numeric knob; give choices instead")
+    if "low" not in raw or "high" not in raw:
+        raise SpaceError(f"{where}: knobs.{name}: a range needs both low and high")
+    low, high = _normalise(name, raw["low"]), _normalise(name, raw["high"])
+    default_step = 8 if name == "batch_size" else (0.1 if name == "memory_fraction" else 1)
+    step = _normalise(name, raw.get("step", default_step))
+    for key, v in (("low", low), ("high", high)):
+        problem = _check_value(name, v)
+        if problem:
+            raise SpaceError(f"{where}: knobs.{name}.{key}: {problem}")
+    if low > high:
+        raise SpaceError(f"{where}: knobs.{name}: low {low} > high {high}")
+    if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0:
+        raise SpaceError(f"{where}: knobs.{name}.step: {step!r} is not a positive number")
+    if name == "batch_size" and step % 8:
+        raise SpaceError(f"{where}: knobs.batch_size.step: {step} is not a multiple of 8")
+    return Knob(name, low=low, high=high, step=step)
+
+
+def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None) -> SearchSpace:
+    """Validate a parsed YAML document into a SearchSpace.
+
+    Raises:
+        SpaceError: one line naming ``where`` and the offending key.
+    """
+    if not isinstance(data, dict):
+        raise SpaceError(f"{where}: expected a mapping with a 'knobs' key")
+    unknown = sorted(set(data) - _TOP_LEVEL_KEYS)
+    if unknown:
+        raise SpaceError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_TOP_LEVEL_KEYS))})")
+    raw_knobs = data.get("knobs")
+    if not isinstance(raw_knobs, dict) or not raw_knobs:
+        raise SpaceError(f"{where}: 'knobs' must be a non-empty mapping")
+    knobs: dict[str, Knob] = {}
+    for knob_name, raw in raw_knobs.items():
+        if knob_name not in KNOBS:
+            raise SpaceError(f"{where}: knobs.{knob_name}: unknown knob (known: {', '.join(KNOBS)})")
+        knobs[knob_name] = _parse_knob(where, knob_name, raw)
+
+    raw_baseline = data.get("baseline") or {}
+    if not isinstance(raw_baseline, dict):
+        raise SpaceError(f"{where}: 'baseline' must be a mapping of knob values")
+    base_values: dict[str, Any] = {}
+    for knob_name, value in raw_baseline.items():
+        if knob_name not in KNOBS:
+            raise SpaceError(f"{where}: baseline.{knob_name}: unknown knob")
+        value = _normalise(knob_name, value)
+        if not (knob_name == "cpu_threads" and value is None):
+            problem = _check_value(knob_name, value)
+            if problem:
+                raise SpaceError(f"{where}: baseline.{knob_name}: {problem}")
+        base_values[knob_name] = value
+    baseline = TrialConfig(**base_values)
+
+    raw_budget = data.get("budget") or {}
+    if not isinstance(raw_budget, dict):
+        raise SpaceError(f"{where}: 'budget' must be a mapping")
+    budget_fields = {f.name for f in dataclasses.fields(Budget)}
+    for key, value in raw_budget.items():
+        if key not in budget_fields:
+            raise SpaceError(f"{where}: budget.{key}: unknown key (known: {', '.join(sorted(budget_fields))})")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SpaceError(f"{where}: budget.{key}: {value!r} is not an integer")
+    try:
+        budget = Budget(**raw_budget)
+    except ValueError as exc:
+        raise SpaceError(f"{where}: budget: {exc}") from None
+
+    space = SearchSpace(
+        name=name or where,
+        knobs=knobs,
+        baseline=baseline,
+        budget=budget,
+        description=str(data.get("description", "")),
+    )
+    largest = space.max_batch_size()
+    if budget.samples < budget.min_samples_for(largest):
+        raise SpaceError(
+            f"{where}: budget.samples: {budget.samples} is too few for batch {largest} "
+            f"(needs {budget.min_samples_for(largest)} = batch x (warmup_steps + windows))"
+        )
+    return space
+
+
+SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+
+
+def space_path(name_or_path: Union[str, Path]) -> Path:
+    """Resolve a space given as a file path or as a name in ``search_spaces/``."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    return SPACES_DIR / f"{name_or_path}.yaml"
+
+
+def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
+    """Load and validate a YAML search space.
+
+    Raises:
+        SpaceError: the file is missing, does not parse, or does not validate.
+    """
+    path = space_path(name_or_path)
+    where = str(name_or_path) if not Path(name_or_path).exists() else str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        known = ", ".join(p.stem for p in sorted(SPACES_DIR.glob("*.yaml")))
+        raise SpaceError(f"{where}: no such search space (built in: {known})") from None
+    except OSError as exc:
+        raise SpaceError(f"{where}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpaceError(f"{where}: does not parse{at}: {problem}") from None
+    return parse_space(data, where=where, name=path.stem)
+
+
+def builtin_spaces() -> list[Path]:
+    return sorted(SPACES_DIR.glob("*.yaml"))
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Name what differs between two ``SearchSpace.to_dict()`` results, e.g. ``knobs.batch_size``."""
+    changes = []
+    for section in ("knobs", "baseline", "budget"):
+        a, b = old.get(section, {}), new.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                changes.append(f"{section}.{key}")
+    return changes
+
+
+def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
+    """Remove every knob value the machine cannot run, recording why (the capability probe).
+
+    Args:
+        space: A validated space.
+        caps: The machine's ``Capabilities``.
+    """
+    removals: list[tuple[str, Any, str]] = []
+    if not caps.cuda:
+        why = "no CUDA device"
+        removals += [
+            ("precision", "tf32", f"{why}: TF32 is a CUDA Tensor Core mode"),
+            ("precision", "fp16", f"{why}: fp16 with GradScaler is CUDA-only here"),
+            ("cuda_graphs", True, f"{why}: CUDA Graphs need CUDA"),
+            ("cudnn_benchmark", True, f"{why}: cuDNN needs CUDA"),
+            ("pin_memory", True, f"{why}: pinned memory only helps host-to-device copies"),
+        ]
+        spec = space.knobs.get("memory_fraction")
+        for value in spec.values if spec else ():
+            if value < 1.0:
+                removals.append(("memory_fraction", value, f"{why}: the memory fraction caps the CUDA allocator"))
+        for mode in COMPILE_MODES_WITH_GRAPHS:
+            removals.append(("compile", mode, f"{why}: mode {mode} relies on CUDA Graphs"))
+    elif not caps.bf16:
+        removals.append(("precision", "bf16", f"{caps.gpu_name} has no bf16 support"))
+    if not caps.compile:
+        for mode in COMPILE_MODES[1:]:
+            removals.append(("compile", mode, caps.compile_reason))
+    for knob, value, why in removals:
+        space = space.without(knob, value, why)
+    return space

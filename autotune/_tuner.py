@@ -1,0 +1,463 @@
+"""The coordinator: creates or resumes the study, runs the reference, the trials and emits the best config.
+
+It never runs user code itself: every run of ``train_fn`` happens in a trial process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import _hardware, _space
+from autotune._config import Budget, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
+from autotune._errors import StudyError, WorkloadError
+from autotune._isolation import TrialSpec, run_isolated, target_of
+from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
+
+METRIC_NAMES = ["throughput", "accuracy_loss"]
+DEFAULT_MAX_ACCURACY_LOSS = 0.01
+
+
+class Tuner:
+    """Find the fastest config of a training function whose accuracy stays within bounds.
+
+    Args:
+        train_fn: A module-level function ``train_fn(ctx)``, or its ``path.py:func`` / ``module:func``.
+        space: A ``SearchSpace``, a YAML path, or a built-in name; ``None`` picks one of
+            ``default_spaces`` (CPU, GPU) by the machine.
+        n_trials: Trials in the study, counted across every worker and every resume.
+        timeout: Stop starting trials after this many seconds.
+        study_name: Defaults to the function's name.
+        storage: Any Optuna storage URL, or ``journal:PATH``; ``None`` is ``studies/autotune.db``.
+        max_accuracy_loss: A trial is infeasible when its accuracy loss exceeds this plus the
+            reference noise band (metric units; 0.01 is one accuracy point).
+        metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
+        reference_repeats: fp32 reference runs with different seeds; two or more give the noise band.
+        trial_timeout: Wall-clock seconds before a trial's process group is killed.
+        memory_limit_gib: On CPU, address space a trial may add beyond its start (a device-memory
+            stand-in that turns a too-large batch into an out-of-memory failure, not a host OOM kill).
+        confirm_samples: If set, train the best config and the reference this long and report both.
+        studies_dir: Where ``best_config.json`` and trial logs go.
+        seed: Seed of the data order, the model initialisation and the sampler.
+        sampler: An Optuna sampler; defaults to TPE with constraints, seeded.
+        progress: Show a progress bar.
+    """
+
+    def __init__(
+        self,
+        train_fn: Union[Callable[..., Any], str],
+        *,
+        space: Union[_space.SearchSpace, str, Path, None] = None,
+        n_trials: int = 20,
+        timeout: Optional[float] = None,
+        study_name: Optional[str] = None,
+        storage: Optional[str] = None,
+        max_accuracy_loss: float = DEFAULT_MAX_ACCURACY_LOSS,
+        metric_direction: str = "maximize",
+        reference_repeats: int = 2,
+        trial_timeout: float = 600.0,
+        memory_limit_gib: Optional[float] = None,
+        confirm_samples: Optional[int] = None,
+        studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR,
+        seed: int = 0,
+        sampler: Optional[optuna.samplers.BaseSampler] = None,
+        progress: bool = True,
+        capabilities: Optional[_hardware.Capabilities] = None,
+        default_spaces: tuple[str, str] = ("cpu_default", "gpu_default"),
+    ) -> None:
+        self.target = train_fn if isinstance(train_fn, str) else target_of(train_fn)
+        if n_trials < 1:
+            raise ValueError("n_trials must be at least 1")
+        if metric_direction not in ("maximize", "minimize"):
+            raise ValueError("metric_direction must be 'maximize' or 'minimize'")
+        if reference_repeats < 1:
+            raise ValueError("reference_repeats must be at least 1")
+        if max_accuracy_loss < 0:
+            raise ValueError("max_accuracy_loss must be >= 0")
+        self.space_arg = space
+        self.n_trials = n_trials
+        self.timeout = timeout
+        self.study_name = study_name or self.target.rpartition(":")[2]
+        self.storage_url = storage
+        self.max_accuracy_loss = max_accuracy_loss
+        self.metric_direction = metric_direction
+        self.reference_repeats = reference_repeats
+        self.trial_timeout = trial_timeout
+        self.memory_limit_gib = memory_limit_gib
+        self.confirm_samples = confirm_samples
+        self.studies_dir = Path(studies_dir)
+        self.seed = seed
+        self.sampler = sampler
+        self.progress = progress
+        self.capabilities = capabilities
+        self.default_spaces = default_spaces
+
+    # -- setup -----------------------------------------------------------------------------------
+    def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
+        if isinstance(self.space_arg, _space.SearchSpace):
+            return self.space_arg
+        if self.space_arg is None:
+            return _space.load_space(self.default_spaces[1] if caps.cuda else self.default_spaces[0])
+        return _space.load_space(self.space_arg)
+
+    def _open_study(self, space: _space.SearchSpace, caps: _hardware.Capabilities) -> optuna.Study:
+        storage, _ = open_storage(self.storage_url, self.studies_dir)
+        if study_exists(storage, self.study_name):
+            study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
+            old = study.user_attrs.get("space")
+            if old is not None and study.user_attrs.get("space_fingerprint") != space.fingerprint:
+                changed = _space.describe_changes(old, space.to_dict()) or ["the definition"]
+                raise StudyError(
+                    f"study {self.study_name!r} was created with another search space "
+                    f"(changed: {', '.join(changed)}); use a new --study name or the original space"
+                )
+            if old is not None and study.user_attrs.get("target") not in (None, self.target):
+                raise StudyError(
+                    f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}; "
+                    "use a new --study name"
+                )
+            return study
+        study = optuna.create_study(
+            study_name=self.study_name,
+            storage=storage,
+            directions=["maximize", "minimize"],
+            sampler=self._sampler(),
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
+        attrs = {
+            "target": self.target,
+            "space_name": space.name,
+            "space": space.to_dict(),
+            "space_fingerprint": space.fingerprint,
+            "removed_knobs": space.removed,
+            "hardware": caps.to_dict(),
+            "metric_direction": self.metric_direction,
+            "max_accuracy_loss": self.max_accuracy_loss,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+        for key, value in attrs.items():
+            study.set_user_attr(key, value)
+        return study
+
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        # TPE reads the constraints each trial sets with trial.set_constraint.
+        return self.sampler or optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=5, multivariate=True)
+
+    def _spec(self, config: TrialConfig, budget: Budget, seed: int, baseline: TrialConfig) -> TrialSpec:
+        return TrialSpec(
+            target=self.target,
+            config=config,
+            budget=budget,
+            seed=seed,
+            baseline_batch_size=baseline.batch_size,
+            memory_limit_gib=self.memory_limit_gib,
+        )
+
+    # -- reference -------------------------------------------------------------------------------
+    def _reference(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
+        if "reference_metrics" in study.user_attrs:
+            return  # run once per study, whoever resumes it
+        baseline = space.baseline.replace(precision="fp32")
+        metrics, rates = [], []
+        for repeat in range(self.reference_repeats):
+            ui.status(f"reference {repeat + 1}/{self.reference_repeats}: {baseline.describe()} (fp32, seed {self.seed + repeat})")
+            outcome = run_isolated(
+                self._spec(baseline, space.budget, self.seed + repeat, space.baseline),
+                workdir=self._logdir(study) / f"reference-{repeat}",
+                timeout=self.trial_timeout,
+            )
+            if not outcome.ok or outcome.measurement is None:
+                log = self._logdir(study) / f"reference-{repeat}" / "trial.log"
+                raise WorkloadError(
+                    f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
+                    f"see {log}"
+                )
+            metrics.append(outcome.measurement.metric)
+            rates.append(outcome.measurement.throughput)
+            if repeat == 0:
+                study.set_user_attr("reference_measurement", outcome.measurement.to_dict())
+        real = [m for m in metrics if m is not None]
+        noise = (max(real) - min(real)) if len(real) >= 2 else 0.0
+        study.set_user_attr("baseline_config", baseline.to_dict())
+        study.set_user_attr("baseline_throughput", rates[0])
+        study.set_user_attr("reference_metric", metrics[0])
+        study.set_user_attr("reference_metrics", metrics)
+        study.set_user_attr("reference_throughputs", rates)
+        study.set_user_attr("metric_noise", noise)
+
+    # -- trials ----------------------------------------------------------------------------------
+    def _logdir(self, study: optuna.Study) -> Path:
+        return study_dir(study.study_name, self.studies_dir) / "logs"
+
+    def _accuracy_loss(self, study: optuna.Study, metric: Optional[float]) -> float:
+        reference = study.user_attrs.get("reference_metric")
+        if reference is None or metric is None:
+            return 0.0  # the workload reports no metric: accuracy is not checked (noted in the study)
+        loss = reference - metric if self.metric_direction == "maximize" else metric - reference
+        return loss
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, config: TrialConfig, outcome: TrialOutcome) -> None:
+        threshold = self.max_accuracy_loss + study.user_attrs.get("metric_noise", 0.0)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("status", outcome.status)
+        trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
+        if outcome.ok and outcome.measurement is not None:
+            m = outcome.measurement
+            loss = self._accuracy_loss(study, m.metric)
+            for key, value in m.to_dict().items():
+                if key != "extras":
+                    trial.set_user_attr(key, value)
+            trial.set_user_attr("throughput_spread", m.spread)
+            trial.set_user_attr("accuracy_loss", loss)
+            trial.set_constraint("failure", 0.0)
+            trial.set_constraint("accuracy", loss - threshold)
+            study.tell(trial, [m.throughput, loss])
+            return
+        trial.set_user_attr("failure", outcome.status)
+        trial.set_user_attr("error", outcome.error)
+        trial.set_user_attr("stderr_tail", outcome.stderr_tail[-1500:])
+        if outcome.signal:
+            trial.set_user_attr("signal", outcome.signal)
+        for key in ("throughput", "data_wait_fraction", "peak_memory_gib"):
+            trial.set_user_attr(key, 0.0)
+        trial.set_user_attr("accuracy_loss", math.inf)
+        # Infeasible, not FAIL: the sampler learns from infeasible trials and ignores failed ones.
+        trial.set_constraint("failure", 1.0)
+        trial.set_constraint("accuracy", 0.0)
+        study.tell(trial, [0.0, math.inf])
+
+    def _finished_counts(self, study: optuna.Study) -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+
+    def _duplicate_of(self, study: optuna.Study, trial: optuna.Trial) -> Optional[FrozenTrial]:
+        for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if old.number != trial.number and old.params == trial.params and "config" in old.user_attrs:
+                return old
+        return None
+
+    def run(self) -> Result:
+        """Run the study to its trial budget and return what it found."""
+        started = time.monotonic()
+        caps = self.capabilities or _hardware.probe()
+        space = _space.restrict_to(self._load_space(caps), caps)
+        study = self._open_study(space, caps)
+        with _Progress(self.progress, self.n_trials) as ui:
+            self._reference(study, space, ui)
+            ui.set_best(_best_record(study))
+            while self._finished_counts(study) < self.n_trials:
+                if self.timeout is not None and time.monotonic() - started > self.timeout:
+                    break
+                if len(_distinct_configs(study)) >= space.size:
+                    ui.status("every config of the space has been measured")
+                    break
+                trial = study.ask()
+                config = space.sample(trial)
+                ui.start_trial(trial.number, self._finished_counts(study) + 1, config)
+                duplicate = self._duplicate_of(study, trial)
+                try:
+                    if duplicate is not None:
+                        # The sampler proposed a measured config again: reuse it rather than spend a run.
+                        trial.set_user_attr("duplicate_of", duplicate.number)
+                        self._copy(study, trial, duplicate)
+                    else:
+                        outcome = run_isolated(
+                            self._spec(config, space.budget, self.seed, space.baseline),
+                            workdir=self._logdir(study) / f"trial-{trial.number}",
+                            timeout=self.trial_timeout,
+                        )
+                        self._tell(study, trial, config, outcome)
+                except BaseException:
+                    study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
+                    raise
+                ui.end_trial(study.trials[trial.number])
+                ui.set_best(_best_record(study))
+            if self.confirm_samples:
+                self._confirm(study, space, ui)
+        result = summarize_study(study, storage_url=self.storage_url or str(self.studies_dir / "autotune.db"))
+        path = write_best_config(study, result, self.studies_dir)
+        return _with_path(result, path)
+
+    def _copy(self, study: optuna.Study, trial: optuna.Trial, old: FrozenTrial) -> None:
+        for key, value in old.user_attrs.items():
+            if key != "duplicate_of":
+                trial.set_user_attr(key, value)
+        for key, value in old.constraints.items():
+            trial.set_constraint(key, value)
+        study.tell(trial, old.values)
+
+    def _confirm(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
+        best = _best_record(study)
+        if best is None:
+            return
+        budget = Budget(samples=self.confirm_samples or 0, warmup_steps=space.budget.warmup_steps,
+                        windows=space.budget.windows)
+        report: dict[str, Any] = {"samples": budget.samples}
+        for role, config in (("reference", space.baseline.replace(precision="fp32")), ("best", best.config)):
+            ui.status(f"confirmation: {role} for {budget.samples} samples")
+            outcome = run_isolated(
+                self._spec(config, budget, self.seed, space.baseline),
+                workdir=self._logdir(study) / f"confirm-{role}",
+                timeout=self.trial_timeout * max(1.0, budget.samples / space.budget.samples),
+            )
+            report[role] = outcome.to_dict()
+        ref_m = (report["reference"].get("measurement") or {}).get("metric")
+        best_m = (report["best"].get("measurement") or {}).get("metric")
+        if ref_m is not None and best_m is not None:
+            report["accuracy_loss"] = ref_m - best_m if self.metric_direction == "maximize" else best_m - ref_m
+        study.set_user_attr("confirmation", report)
+
+
+# -- reading a study (also used by `autotune best` and load_best) ----------------------------------
+def _record(trial: FrozenTrial) -> Optional[TrialRecord]:
+    config = trial.user_attrs.get("config")
+    if config is None or trial.values is None:
+        return None
+    feasible = all(v <= 0 for v in trial.constraints.values())
+    return TrialRecord(
+        number=trial.number,
+        config=TrialConfig.from_dict(config),
+        throughput=trial.values[0],
+        accuracy_loss=trial.values[1],
+        status=trial.user_attrs.get("status", "ok"),
+        feasible=feasible,
+    )
+
+
+def _records(study: optuna.Study) -> list[TrialRecord]:
+    out = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        record = _record(trial)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
+    feasible = [r for r in _records(study) if r.feasible and r.status == "ok"]
+    return max(feasible, key=lambda r: r.throughput, default=None)
+
+
+def _distinct_configs(study: optuna.Study) -> set[str]:
+    return {json.dumps(t.params, sort_keys=True) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
+def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
+    """Read a study's best feasible config, baseline and Pareto set."""
+    attrs = study.user_attrs
+    if "baseline_config" not in attrs:
+        raise StudyError(f"study {study.study_name!r} has no reference run yet; run `autotune tune` first")
+    feasible_numbers = {r.number for r in _records(study) if r.feasible and r.status == "ok"}
+    pareto = tuple(
+        r for r in (_record(t) for t in study.best_trials) if r is not None and r.number in feasible_numbers
+    )
+    return Result(
+        study_name=study.study_name,
+        storage=storage_url,
+        best=_best_record(study),
+        baseline=TrialConfig.from_dict(attrs["baseline_config"]),
+        baseline_throughput=attrs.get("baseline_throughput", math.nan),
+        reference_metric=attrs.get("reference_metric"),
+        metric_noise=attrs.get("metric_noise", 0.0),
+        pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),
+        removed_knobs=dict(attrs.get("removed_knobs", {})),
+    )
+
+
+def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
+    best = result.best
+    trial = study.trials[best.number] if best else None
+    measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
+    return {
+        "study": study.study_name,
+        "target": study.user_attrs.get("target"),
+        "config": best.config.to_dict() if best else None,
+        "trial": best.number if best else None,
+        "throughput": best.throughput if best else None,
+        "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
+        "accuracy_loss": best.accuracy_loss if best else None,
+        "baseline": {"config": result.baseline.to_dict(), "throughput": result.baseline_throughput},
+        "reference_metric": result.reference_metric,
+        "metric_noise": result.metric_noise,
+        "measurement": measurement,
+        "removed_knobs": result.removed_knobs,
+        "fingerprint": study.user_attrs.get("hardware", {}),
+        "confirmation": study.user_attrs.get("confirmation"),
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:
+    """Write ``studies/<study>/best_config.json`` atomically."""
+    path = study_dir(study.study_name, studies_dir) / "best_config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(dumps(best_config_document(study, result)) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _with_path(result: Result, path: Path) -> Result:
+    import dataclasses
+
+    return dataclasses.replace(result, best_config_path=str(path))
+
+
+# -- progress --------------------------------------------------------------------------------------
+class _Progress:
+    """A rich progress bar: trial number, current config, best so far. Silent when disabled."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled = enabled
+        self.total = total
+        self._progress: Any = None
+        self._task: Any = None
+        self._best = "best: -"
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]trial"),
+                MofNCompleteColumn(),
+                BarColumn(bar_width=20),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting", total=self.total)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def status(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=f"{text} | {self._best}")
+
+    def set_best(self, record: Optional[TrialRecord]) -> None:
+        if record is not None:
+            self._best = f"best: {record.throughput:,.0f}/s (#{record.number})"
+
+    def start_trial(self, number: int, ordinal: int, config: TrialConfig) -> None:
+        self.status(f"#{number} {config.describe()}")
+
+    def end_trial(self, trial: FrozenTrial) -> None:
+        if self._progress is None:
+            return
+        status = trial.user_attrs.get("status", "?")
+        rate = trial.user_attrs.get("throughput", 0.0)
+        config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
+        self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}")
+        self._progress.advance(self._task)

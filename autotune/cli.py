@@ -1,0 +1,213 @@
+"""The ``autotune`` command. Every AutotuneError becomes one line on stderr and exit code 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from autotune._errors import AutotuneError
+
+DEMO_TARGET = "autotune.demo:train"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
+    p.add_argument("--space", help="search space: a YAML path or a name in search_spaces/ (default: by hardware)")
+    p.add_argument("--trials", type=_positive_int, default=trials, help=f"trials in the study (default {trials})")
+    p.add_argument("--timeout", type=_positive_float, help="stop starting trials after this many seconds")
+    p.add_argument("--study", help="study name (default: the function's name)")
+    p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default sqlite:///studies/autotune.db)")
+    p.add_argument("--max-accuracy-loss", type=float, default=0.01,
+                   help="accuracy loss allowed beyond the reference noise band (default 0.01)")
+    p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
+    p.add_argument("--trial-timeout", type=_positive_float, default=600.0, help="seconds per trial (default 600)")
+    p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
+                   help="CPU only: address space a trial may add, so a too-large batch fails as oom")
+    p.add_argument("--confirm-samples", type=_positive_int,
+                   help="after the search, train the best config and the reference this long")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--studies-dir", default="studies", help="where outputs go (default studies/)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotune", description="Find the fastest training config by measuring it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tune = sub.add_parser("tune", help="tune a training function")
+    tune.add_argument("target", metavar="PATH_OR_MODULE:FUNC", help="e.g. examples/cifar_cnn.py:train")
+    _add_study_options(tune, trials=20)
+
+    demo = sub.add_parser("demo", help="tune the built-in demo workload (small CNN on CPU, ResNet-50 on GPU)")
+    _add_study_options(demo, trials=8)
+
+    best = sub.add_parser("best", help="print a study's best config")
+    best.add_argument("study")
+    best.add_argument("--storage")
+    best.add_argument("--studies-dir", default="studies")
+    best.add_argument("--format", choices=("json", "yaml"), default="json")
+
+    spaces = sub.add_parser("spaces", help="list the built-in search spaces and validate them (or the given files)")
+    spaces.add_argument("paths", nargs="*")
+
+    dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
+    dash.add_argument("--storage")
+    dash.add_argument("--studies-dir", default="studies")
+    dash.add_argument("--port", type=int, default=8080)
+    return parser
+
+
+def _tune(args: argparse.Namespace, target: str) -> int:
+    from autotune._tuner import Tuner
+
+    demo = target == DEMO_TARGET
+    tuner = Tuner(
+        target,
+        space=args.space,
+        default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
+        n_trials=args.trials,
+        timeout=args.timeout,
+        study_name=args.study or ("demo" if demo else None),
+        storage=args.storage,
+        max_accuracy_loss=args.max_accuracy_loss,
+        metric_direction=args.metric_direction,
+        trial_timeout=args.trial_timeout,
+        memory_limit_gib=args.memory_limit,
+        confirm_samples=args.confirm_samples,
+        studies_dir=args.studies_dir,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    result = tuner.run()
+    print_summary(result, storage=args.storage, studies_dir=args.studies_dir)
+    return 0
+
+
+def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"autotune: study {result.study_name}", show_header=True)
+    table.add_column("")
+    table.add_column("config")
+    table.add_column("samples/s", justify="right")
+    table.add_column("accuracy loss", justify="right")
+    table.add_row("baseline", result.baseline.describe(), f"{result.baseline_throughput:,.1f}", "0 (reference)")
+    if result.best is not None:
+        table.add_row("best", result.best.config.describe(), f"{result.best.throughput:,.1f}",
+                      f"{result.best.accuracy_loss:+.4f}")
+    console.print(table)
+    if result.best is None:
+        console.print("No feasible config was found; see the trials' failures in the dashboard.")
+    else:
+        console.print(f"Speed-up over the baseline: [bold]{result.speedup:.2f}x[/bold]. "
+                      f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
+        changed = [
+            f"{k}: {getattr(result.baseline, k)} -> {v}"
+            for k, v in result.best.config.to_dict().items()
+            if getattr(result.baseline, k) != v
+        ]
+        if changed:
+            console.print("Why it wins: it changes " + "; ".join(changed) + ".")
+    if result.removed_knobs:
+        console.print("Removed by the capability probe: " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
+    console.print(f"Best config written to {result.best_config_path}")
+    url = storage or f"sqlite:///{Path(studies_dir) / 'autotune.db'}"
+    console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
+
+
+def _best(args: argparse.Namespace) -> int:
+    from autotune._api import load_study_result
+    from autotune._tuner import best_config_document
+
+    study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
+    doc = best_config_document(study, result)
+    if args.format == "yaml":
+        import yaml
+
+        print(yaml.safe_dump(json.loads(json.dumps(doc, default=_json_default)), sort_keys=False), end="")
+    else:
+        print(json.dumps(doc, indent=2, default=_json_default))
+    return 0 if result.best is not None else 1
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return str(value)
+
+
+def _spaces(args: argparse.Namespace) -> int:
+    from autotune._space import builtin_spaces, load_space
+
+    paths = [Path(p) for p in args.paths] or builtin_spaces()
+    failed = 0
+    for path in paths:
+        try:
+            space = load_space(path)
+        except AutotuneError as exc:
+            print(f"invalid  {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs)  {space.description}")
+    return 1 if failed else 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    import shutil
+    import subprocess
+
+    from autotune._storage import default_storage_url
+
+    url = args.storage or default_storage_url(Path(args.studies_dir))
+    exe = shutil.which("optuna-dashboard")
+    if exe is None:
+        raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
+    print(f"optuna-dashboard on http://127.0.0.1:{args.port}/ for {url} (Ctrl-C to stop)", flush=True)
+    return subprocess.call([exe, url, "--host", "127.0.0.1", "--port", str(args.port)])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        if args.command == "tune":
+            return _tune(args, args.target)
+        if args.command == "demo":
+            return _tune(args, DEMO_TARGET)
+        if args.command == "best":
+            return _best(args)
+        if args.command == "spaces":
+            return _spaces(args)
+        if args.command == "dashboard":
+            return _dashboard(args)
+    except AutotuneError as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("autotune: interrupted; the study keeps every finished trial, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    raise AssertionError(args.command)

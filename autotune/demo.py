@@ -1,0 +1,81 @@
+"""The built-in demo workload: ``autotune demo`` tunes ``autotune.demo:train``.
+
+It picks its own hardware. On a CPU it trains a small CNN on synthetic 32x32 images streamed
+through the DataLoader; on a GPU, ResNet-50 on synthetic ImageNet-shaped data generated on the
+device. The images are noisy class templates, so the held-out accuracy is a real, learnable metric.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NUM_CLASSES = 10
+
+
+def synthetic_images(n: int, size: int, *, seed: int, device: str = "cpu", noise: float = 3.0):
+    """``n`` noisy images of ``NUM_CLASSES`` fixed templates; the templates depend on nothing but size."""
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    coarse = torch.randn(NUM_CLASSES, 3, 4, 4, generator=gen)
+    templates = nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    gen.manual_seed(seed)
+    labels = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
+    images = templates[labels] + noise * torch.randn(n, 3, size, size, generator=gen)
+    return images.to(device), labels.to(device)
+
+
+def small_cnn() -> nn.Module:
+    def block(cin: int, cout: int) -> nn.Sequential:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(), nn.MaxPool2d(2))
+
+    return nn.Sequential(block(3, 16), block(16, 32), block(32, 64), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(64, NUM_CLASSES))
+
+
+@torch.no_grad()
+def evaluate(ctx, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 256) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(images), batch):
+        x = ctx.to_device(images[start : start + batch])
+        with ctx.autocast():
+            pred = model(x).argmax(dim=1)
+        correct += (pred.cpu() == labels[start : start + batch].cpu()).sum().item()
+    model.train()
+    return correct / len(images)
+
+
+class _DeviceBatches:
+    """Batches sliced from a pool already on the GPU: the input pipeline costs nothing."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> None:
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+
+    def __iter__(self):
+        for start in range(0, len(self.images) - self.batch_size + 1, self.batch_size):
+            yield self.images[start : start + self.batch_size], self.labels[start : start + self.batch_size]
+
+
+def train(ctx) -> None:
+    """One trial of the demo: train for the budget, then report held-out accuracy."""
+    torch.manual_seed(ctx.seed)
+    if ctx.device.type == "cuda":
+        import torchvision
+
+        model = ctx.model(torchvision.models.resnet50(num_classes=1000))
+        pool = max(2048, 2 * ctx.config.batch_size)
+        images, labels = synthetic_images(pool, 224, seed=ctx.seed, device="cuda")
+        batches = _DeviceBatches(images, labels, ctx.config.batch_size)
+        test_images, test_labels = synthetic_images(1024, 224, seed=10_000, device="cuda")
+        lr = 0.02
+    else:
+        model = ctx.model(small_cnn())
+        images, labels = synthetic_images(8192, 32, seed=ctx.seed)
+        batches = ctx.loader(torch.utils.data.TensorDataset(images, labels))
+        test_images, test_labels = synthetic_images(1024, 32, seed=10_000)
+        lr = 0.05
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=lr * ctx.lr_scale, momentum=0.9)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(batches):
+        step(inputs, targets)
+    ctx.report_metric(evaluate(ctx, model, test_images, test_labels))
