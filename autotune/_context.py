@@ -47,6 +47,7 @@ class TrialContext:
         self.baseline_batch_size = baseline_batch_size or config.batch_size
         self.device = device or _knobs.pick_device()
         self.metric: Optional[float] = None
+        self.extras: dict[str, Any] = {}
         self.recorder = WindowRecorder(self.device)
         self._steps_done = 0
         self._samples_done = 0
@@ -203,6 +204,10 @@ class TrialContext:
             raise NonFiniteLoss(f"evaluation metric is {value}")
         self.metric = value
 
+    def record(self, key: str, value: Any) -> None:
+        """Keep a JSON-serialisable value with the trial's measurement (shown in the dashboard)."""
+        self.extras[key] = value
+
     def measurement(self) -> Measurement:
         """Summarise what this trial measured (called by autotune after ``train_fn`` returns)."""
         skips = sum(s.scaler_skips for s in self._train_steps)
@@ -217,6 +222,7 @@ class TrialContext:
             metric=self.metric,
             scaler_skips=skips,
             graph_replays=sum(s.graph_replays for s in self._train_steps),
+            extras=self.extras,
         )
 
 

@@ -217,6 +217,8 @@ class Tuner:
             for key, value in m.to_dict().items():
                 if key != "extras":
                     trial.set_user_attr(key, value)
+            for key, value in m.extras.items():
+                trial.set_user_attr(f"extra:{key}", value)
             trial.set_user_attr("throughput_spread", m.spread)
             trial.set_user_attr("accuracy_loss", loss)
             trial.set_constraint("failure", 0.0)
