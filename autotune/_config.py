@@ -151,7 +151,8 @@ class TrialOutcome:
     error: str = ""  # one line
     stderr_tail: str = ""
     signal: Optional[str] = None
-    wall_seconds: float = 0.0
+    wall_seconds: float = 0.0  # the trial process from start to reaped, as the coordinator sees it
+    run_seconds: float = 0.0  # inside the process: loading train_fn and running it
 
     @property
     def ok(self) -> bool:
@@ -165,6 +166,7 @@ class TrialOutcome:
             "stderr_tail": self.stderr_tail,
             "signal": self.signal,
             "wall_seconds": self.wall_seconds,
+            "run_seconds": self.run_seconds,
         }
 
     @classmethod
@@ -177,6 +179,7 @@ class TrialOutcome:
             stderr_tail=data.get("stderr_tail", ""),
             signal=data.get("signal"),
             wall_seconds=data.get("wall_seconds", 0.0),
+            run_seconds=data.get("run_seconds", 0.0),
         )
 
 

@@ -141,11 +141,14 @@ class TrialContext:
             return
         steps, warmup, window_steps = self._plan()
         timed_end = warmup + window_steps * self.budget.windows
+        sampler = self._gpu_sampler()
         iterator = iter(loader)
         start = time.perf_counter()
         for step in range(steps):
             if step >= warmup and step < timed_end and (step - warmup) % window_steps == 0:
                 self.recorder.begin_window()
+                if sampler is not None and step == warmup:
+                    sampler.start()
             fetch = time.perf_counter()
             try:
                 batch = next(iterator)
@@ -168,8 +171,19 @@ class TrialContext:
                 self.recorder.warmup_seconds = time.perf_counter() - start
             if step + 1 > warmup and step + 1 <= timed_end and (step + 1 - warmup) % window_steps == 0:
                 self.recorder.end_window()
+                if sampler is not None and step + 1 == timed_end:
+                    sampler.stop()
+                    self.extras.update(sampler.summary())
                 self._check_finite()
         self._check_finite()
+
+    def _gpu_sampler(self) -> Any:
+        if self.device.type != "cuda":
+            return None
+        from autotune._hardware import GpuSampler
+
+        sampler = GpuSampler(index=self.device.index or 0)
+        return sampler if sampler.active else None
 
     def _move(self, batch: Any) -> Any:
         if isinstance(batch, torch.Tensor):

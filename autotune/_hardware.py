@@ -149,3 +149,103 @@ def probe(*, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Ca
 
 if __name__ == "__main__":
     print(json.dumps(_probe_here().to_dict()))
+
+
+class GpuSampler:
+    """Samples NVML readings in a background thread while the timed windows run.
+
+    ``summary()`` gives mean, p5 and p95 of each reading. Without NVML or a GPU it samples nothing.
+
+    Args:
+        index: NVML device index (the first visible GPU by default).
+        interval: Seconds between samples.
+        nvml: An NVML module; defaults to ``pynvml`` (tests pass ``autotune.testing.FakeNvml``).
+    """
+
+    READINGS = ("sm_clock_mhz", "gpu_util_pct", "mem_used_gib", "power_w", "temperature_c")
+
+    def __init__(self, *, index: int = 0, interval: float = 0.1, nvml: Any = None) -> None:
+        import threading
+
+        self.interval = interval
+        self.samples: dict[str, list[float]] = {k: [] for k in self.READINGS}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._nvml = nvml
+        self._handle: Any = None
+        if self._nvml is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            except Exception:  # no library or no driver: sample nothing
+                self._nvml = None
+        if self._nvml is not None:
+            try:
+                self._handle = self._nvml.nvmlDeviceGetHandleByIndex(_visible_index(index))
+            except Exception:
+                self._nvml = None
+
+    @property
+    def active(self) -> bool:
+        return self._nvml is not None
+
+    def sample_once(self) -> None:
+        nv, h = self._nvml, self._handle
+        self.samples["sm_clock_mhz"].append(float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+        self.samples["gpu_util_pct"].append(float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
+        self.samples["mem_used_gib"].append(nv.nvmlDeviceGetMemoryInfo(h).used / 2**30)
+        self.samples["power_w"].append(nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        self.samples["temperature_c"].append(float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:
+                return
+            self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        import threading
+
+        if not self.active or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="autotune-nvml", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def summary(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, values in self.samples.items():
+            if not values:
+                continue
+            ordered = sorted(values)
+            out[f"gpu.{name}.mean"] = round(sum(values) / len(values), 2)
+            out[f"gpu.{name}.p5"] = round(_percentile(ordered, 5), 2)
+            out[f"gpu.{name}.p95"] = round(_percentile(ordered, 95), 2)
+        if self.samples["sm_clock_mhz"]:
+            out["gpu.samples"] = len(self.samples["sm_clock_mhz"])
+        return out
+
+
+def _percentile(ordered: list[float], pct: float) -> float:
+    k = (len(ordered) - 1) * pct / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _visible_index(index: int) -> int:
+    # NVML numbers every GPU on the host; CUDA_VISIBLE_DEVICES renumbers them for torch.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    parts = [p.strip() for p in visible.split(",") if p.strip()]
+    if parts and index < len(parts) and parts[index].isdigit():
+        return int(parts[index])
+    return index

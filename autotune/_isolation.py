@@ -7,6 +7,7 @@ timeout kills the whole group, DataLoader workers included.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -152,11 +153,11 @@ def execute(spec: TrialSpec) -> TrialOutcome:
             )
             fn(ctx)
             measurement = ctx.measurement()
-        return TrialOutcome("ok", measurement, wall_seconds=time.perf_counter() - start)
+        return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
         traceback.print_exc()
         status = "error" if isinstance(exc, WorkloadError) else classify_exception(exc)
-        return TrialOutcome(status, error=_one_line(exc), wall_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
+        return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
 
 
 def _child(spec: TrialSpec, result_path: str, log_path: str) -> None:
@@ -237,9 +238,7 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float) -> TrialOutc
     if result_path.exists():
         data = json.loads(result_path.read_text())
         outcome = TrialOutcome.from_dict({**data, "stderr_tail": tail if data["status"] != "ok" else ""})
-        return TrialOutcome(
-            outcome.status, outcome.measurement, outcome.error, outcome.stderr_tail, wall_seconds=wall
-        )
+        return dataclasses.replace(outcome, wall_seconds=wall)
     code = proc.exitcode or 0
     if code < 0:
         name = signal.Signals(-code).name

@@ -44,7 +44,7 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
         if config.memory_fraction < 1.0:
             if device.type != "cuda":
                 raise KnobError("memory_fraction < 1 needs a CUDA device")
-            torch.cuda.set_per_process_memory_fraction(config.memory_fraction, device)
+            torch.cuda.set_per_process_memory_fraction(config.memory_fraction, _index(device))
             fraction_set = True
         yield
     finally:
@@ -53,7 +53,11 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
         torch.backends.cudnn.benchmark = saved["cudnn_benchmark"]
         torch.set_num_threads(saved["threads"])
         if fraction_set:
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+            torch.cuda.set_per_process_memory_fraction(1.0, _index(device))
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -61,7 +65,8 @@ def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractCo
     dtype = AUTOCAST_DTYPES.get(config.precision)
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    # A captured graph must not reuse weight casts cached at capture time (torch's CUDA Graphs docs).
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=not config.cuda_graphs)
 
 
 def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.device) -> torch.nn.Module:
@@ -85,6 +90,24 @@ def optimizer_options(cls: type, config: TrialConfig, device: torch.device) -> d
             # A fused optimizer takes the scaler's found_inf on the device, so the step never syncs.
             options["fused"] = True
     return options
+
+
+def _zero_momentum(optimizer: torch.optim.Optimizer) -> None:
+    """Start SGD momentum at zero instead of letting the first step create it.
+
+    A fused SGD step that the scaler skips (inf gradients, usual in the first fp16 steps) returns
+    before it writes its freshly allocated, uninitialised momentum buffer, and later steps then read
+    garbage. With zero dampening, zeros followed by ``buf = m * buf + grad`` equals torch's first-step
+    ``buf = grad``, so the result is the same arithmetic.
+    """
+    if not isinstance(optimizer, torch.optim.SGD):
+        return
+    for group in optimizer.param_groups:
+        if group.get("momentum", 0) and not group.get("dampening", 0):
+            for param in group["params"]:
+                state = optimizer.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
 class TrainStep:
@@ -121,6 +144,8 @@ class TrainStep:
                 "fp16 with CUDA Graphs needs an optimizer that takes the scale on the device, "
                 "e.g. torch.optim.SGD(..., fused=True); ctx.optimizer(...) sets this for you"
             )
+        if self.scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            _zero_momentum(optimizer)
         self._skips = torch.zeros((), device=device, dtype=torch.float32)
         self.calls = 0
         self.last_loss: Optional[torch.Tensor] = None

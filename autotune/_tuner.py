@@ -5,9 +5,11 @@ It never runs user code itself: every run of ``train_fn`` happens in a trial pro
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
+import statistics
 import time
 import warnings
 from pathlib import Path
@@ -45,6 +47,9 @@ class Tuner:
         memory_limit_gib: On CPU, address space a trial may add beyond its start (a device-memory
             stand-in that turns a too-large batch into an out-of-memory failure, not a host OOM kill).
         confirm_samples: If set, train the best config and the reference this long and report both.
+        top_k: Before declaring the best, re-measure the top K feasible configs in alternation
+            (A B C A B C ...) for ``confirm_rounds`` rounds and pick by the median; 0 or 1 turns it off.
+        confirm_rounds: Rounds of the top-K re-measurement.
         studies_dir: Where ``best_config.json`` and trial logs go.
         seed: Seed of the data order, the model initialisation and the sampler.
         sampler: An Optuna sampler; defaults to TPE with constraints, seeded.
@@ -66,6 +71,8 @@ class Tuner:
         trial_timeout: float = 600.0,
         memory_limit_gib: Optional[float] = None,
         confirm_samples: Optional[int] = None,
+        top_k: int = 3,
+        confirm_rounds: int = 2,
         studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR,
         seed: int = 0,
         sampler: Optional[optuna.samplers.BaseSampler] = None,
@@ -93,6 +100,8 @@ class Tuner:
         self.trial_timeout = trial_timeout
         self.memory_limit_gib = memory_limit_gib
         self.confirm_samples = confirm_samples
+        self.top_k = top_k
+        self.confirm_rounds = confirm_rounds
         self.studies_dir = Path(studies_dir)
         self.seed = seed
         self.sampler = sampler
@@ -211,6 +220,7 @@ class Tuner:
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("status", outcome.status)
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
+        trial.set_user_attr("run_seconds", round(outcome.run_seconds, 3))
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
             loss = self._accuracy_loss(study, m.metric)
@@ -283,6 +293,8 @@ class Tuner:
                     raise
                 ui.end_trial(study.trials[trial.number])
                 ui.set_best(_best_record(study))
+            if self.top_k > 1:
+                self._confirm_top_k(study, space, ui)
             if self.confirm_samples:
                 self._confirm(study, space, ui)
         result = summarize_study(study, storage_url=self.storage_url or str(self.studies_dir / "autotune.db"))
@@ -296,6 +308,38 @@ class Tuner:
         for key, value in old.constraints.items():
             trial.set_constraint(key, value)
         study.tell(trial, old.values)
+
+    def _confirm_top_k(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
+        """Re-measure the top K configs in alternation so that drift or one lucky sample cannot crown one."""
+        ranked: list[TrialRecord] = []
+        for record in sorted(_feasible(study), key=lambda r: -r.throughput):
+            if record.config not in [r.config for r in ranked]:
+                ranked.append(record)
+        ranked = ranked[: self.top_k]
+        if len(ranked) < 2:
+            return
+        previous = study.user_attrs.get("top_k_confirmation")
+        if previous and previous.get("trials") == [r.number for r in ranked]:
+            return  # already confirmed these, e.g. on a resume with nothing new
+        rates: dict[int, list[float]] = {r.number: [] for r in ranked}
+        for round_index in range(self.confirm_rounds):
+            for record in ranked:
+                ui.status(f"top-{len(ranked)} confirmation round {round_index + 1}: #{record.number}")
+                outcome = run_isolated(
+                    self._spec(record.config, space.budget, self.seed, space.baseline),
+                    workdir=self._logdir(study) / f"confirm-{record.number}-{round_index}",
+                    timeout=self.trial_timeout,
+                )
+                if outcome.ok and outcome.measurement is not None:
+                    rates[record.number].append(outcome.measurement.throughput)
+        medians = {n: statistics.median(v) for n, v in rates.items() if v}
+        if not medians:
+            return
+        winner = max(medians, key=lambda n: medians[n])
+        study.set_user_attr(
+            "top_k_confirmation",
+            {"trials": [r.number for r in ranked], "throughputs": rates, "medians": medians, "winner": winner},
+        )
 
     def _confirm(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
         best = _best_record(study)
@@ -344,8 +388,21 @@ def _records(study: optuna.Study) -> list[TrialRecord]:
     return out
 
 
+def _feasible(study: optuna.Study) -> list[TrialRecord]:
+    return [r for r in _records(study) if r.feasible and r.status == "ok"]
+
+
 def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
-    feasible = [r for r in _records(study) if r.feasible and r.status == "ok"]
+    """The fastest feasible trial; after a top-K confirmation, its winner by median."""
+    feasible = _feasible(study)
+    confirmed = study.user_attrs.get("top_k_confirmation")
+    if confirmed:
+        winner = int(confirmed["winner"])
+        medians = {int(k): v for k, v in confirmed["medians"].items()}
+        fastest_unconfirmed = max((r.throughput for r in feasible if r.number not in medians), default=0.0)
+        for record in feasible:
+            if record.number == winner and medians[winner] >= fastest_unconfirmed:
+                return dataclasses.replace(record, throughput=medians[winner])
     return max(feasible, key=lambda r: r.throughput, default=None)
 
 
@@ -358,7 +415,7 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
     attrs = study.user_attrs
     if "baseline_config" not in attrs:
         raise StudyError(f"study {study.study_name!r} has no reference run yet; run `autotune tune` first")
-    feasible_numbers = {r.number for r in _records(study) if r.feasible and r.status == "ok"}
+    feasible_numbers = {r.number for r in _feasible(study)}
     pareto = tuple(
         r for r in (_record(t) for t in study.best_trials) if r is not None and r.number in feasible_numbers
     )
@@ -409,8 +466,6 @@ def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) ->
 
 
 def _with_path(result: Result, path: Path) -> Result:
-    import dataclasses
-
     return dataclasses.replace(result, best_config_path=str(path))
 
 

@@ -11,13 +11,19 @@ def train(ctx) -> None:
     torch.manual_seed(ctx.seed)
     net = torchvision.models.resnet50(num_classes=1000)
     seen: dict = {}
-    net.fc.register_forward_hook(lambda m, i, o: seen.setdefault("fc_output_dtype", str(o.dtype)))
+
+    def hook(module, inputs, output):
+        seen.setdefault("fc_output_dtype", str(output.dtype))
+
+    net.fc.register_forward_hook(hook)
     model = ctx.model(net)
     images, labels = synthetic_images(max(512, 2 * ctx.config.batch_size), 224, seed=ctx.seed, device="cuda")
     optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.02, momentum=0.9)
     step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    losses = []
     for x, y in ctx.batches(_DeviceBatches(images, labels, ctx.config.batch_size)):
-        step(x, y)
+        losses.append(step(x, y).float().clone())
+    ctx.record("loss_first_last", [round(losses[0].item(), 3), round(losses[-1].item(), 3)])
     ctx.record("fc_output_dtype", seen.get("fc_output_dtype"))
     ctx.record("input_channels_last", x.is_contiguous(memory_format=torch.channels_last))
     ctx.record("matmul_allow_tf32", torch.backends.cuda.matmul.allow_tf32)

@@ -1,0 +1,58 @@
+"""ResNet-50 (torchvision, 1000 classes, 224x224) workloads for the H200 benchmarks.
+
+``train_device``: synthetic images generated on the GPU (the input pipeline costs nothing).
+``train_loader``: uint8 images in CPU memory fed through the DataLoader, normalised on the GPU,
+so the loader knobs (workers, pinning, prefetch) matter.
+"""
+
+import torch
+import torchvision
+from torch import nn
+
+from autotune.demo import _DeviceBatches, evaluate, synthetic_images
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
+STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+
+
+def _fit(ctx, model, batches, normalise=None) -> None:
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.02, momentum=0.9)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for images, labels in ctx.batches(batches):
+        step(normalise(images) if normalise else images, labels)
+
+
+def train_device(ctx) -> None:
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(torchvision.models.resnet50(num_classes=1000))
+    images, labels = synthetic_images(max(2048, 2 * ctx.config.batch_size), 224, seed=ctx.seed, device="cuda")
+    _fit(ctx, model, _DeviceBatches(images, labels, ctx.config.batch_size))
+    test_x, test_y = synthetic_images(512, 224, seed=10_000, device="cuda")
+    ctx.report_metric(evaluate(ctx, model, test_x, test_y))
+
+
+class _Uint8Images(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int) -> None:
+        images, self.labels = synthetic_images(n, 224, seed=seed, noise=1.0)
+        self.images = (images * 40 + 128).clamp(0, 255).to(torch.uint8)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], self.labels[i]
+
+
+def train_loader(ctx) -> None:
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(torchvision.models.resnet50(num_classes=1000))
+    dataset = _Uint8Images(4096, ctx.seed)
+    mean, std = MEAN.to(ctx.device), STD.to(ctx.device)
+
+    def normalise(x: torch.Tensor) -> torch.Tensor:
+        x = (x.float() - mean) / std
+        return x.contiguous(memory_format=torch.channels_last) if ctx.config.channels_last else x
+
+    _fit(ctx, model, ctx.loader(dataset), normalise)
+    test = _Uint8Images(512, 10_000)
+    ctx.report_metric(evaluate(ctx, model, normalise(test.images.to(ctx.device)), test.labels.to(ctx.device)))

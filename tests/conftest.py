@@ -1,0 +1,28 @@
+"""Shared fixtures: a CPU Capabilities record for the coordinator, and small YAML spaces in tmp_path."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotune._hardware import Capabilities
+
+
+@pytest.fixture
+def cpu_caps() -> Capabilities:
+    """What the probe reports on a CPU-only machine with a C++ compiler (data, built directly)."""
+    return Capabilities(cuda=False, bf16=True, cpu_count=2, compile=True, hostname="test-host", torch="test")
+
+
+@pytest.fixture
+def write_space(tmp_path: Path):
+    """Write a YAML search space into tmp_path and return its path."""
+
+    def write(text: str, name: str = "space.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write

@@ -1,0 +1,214 @@
+"""TrialContext in this process on the CPU: the loader, the data order, budgeted batches and reporting."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+from torch import nn
+
+import workloads
+from autotune import Budget, KnobError, NonFiniteLoss, TrialConfig, TrialContext
+
+CPU = torch.device("cpu")
+
+
+def _indices(n: int) -> torch.utils.data.TensorDataset:
+    """A dataset whose samples are their own index, so the data order can be read off the batches."""
+    return torch.utils.data.TensorDataset(torch.arange(n), torch.arange(n) % 2)
+
+
+def _samples_seen(ctx: TrialContext, loader) -> list[int]:
+    seen: list[int] = []
+    for inputs, _ in ctx.batches(loader):
+        seen.extend(inputs.tolist())
+    return seen
+
+
+def _step(ctx: TrialContext):
+    model = ctx.model(workloads.tiny_model())
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.05)
+    return ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+
+
+def test_loader_with_workers_has_the_configured_options() -> None:
+    config = TrialConfig(batch_size=32, num_workers=2, pin_memory=True, prefetch_factor=4, persistent_workers=True)
+    ctx = TrialContext(config=config, device=CPU)
+    loader = ctx.loader(workloads.dataset(256))
+    assert loader.batch_size == 32
+    assert loader.num_workers == 2
+    assert loader.pin_memory is False  # pinning only helps host-to-device copies; there is no device here
+    assert loader.prefetch_factor == 4
+    assert loader.persistent_workers is True
+    assert loader.drop_last is True
+    batches = list(loader)  # the options are valid together: the workers really run
+    assert len(batches) == 8 and all(len(x) == 32 for x, _ in batches)
+
+
+def test_loader_without_workers_leaves_worker_options_out() -> None:
+    config = TrialConfig(batch_size=16, num_workers=0, prefetch_factor=4, persistent_workers=True)
+    loader = TrialContext(config=config, device=CPU).loader(workloads.dataset(100))
+    assert loader.num_workers == 0
+    assert loader.prefetch_factor is None
+    assert loader.persistent_workers is False
+    assert len(list(loader)) == 6  # 100 // 16: the incomplete last batch is dropped
+
+
+def test_loader_keyword_arguments_override() -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=16), device=CPU)
+    loader = ctx.loader(_indices(64), shuffle=False, drop_last=False)
+    assert torch.cat([x for x, _ in loader]).tolist() == list(range(64))
+
+
+def test_data_order_depends_on_the_seed_not_the_batch_size() -> None:
+    def epoch(batch_size: int, seed: int) -> list[int]:
+        ctx = TrialContext(config=TrialConfig(batch_size=batch_size), seed=seed, device=CPU)
+        return torch.cat([x for x, _ in ctx.loader(_indices(128))]).tolist()
+
+    assert epoch(8, seed=3) == epoch(32, seed=3)
+    assert sorted(epoch(8, seed=3)) == list(range(128))
+    assert epoch(8, seed=3) != list(range(128))  # shuffled
+    assert epoch(8, seed=3) != epoch(8, seed=4)
+
+
+def test_budgeted_batches_see_the_same_samples_at_every_batch_size() -> None:
+    # 192 samples over a 96-sample dataset: the loader restarts, and the second epoch matches too.
+    budget = Budget(samples=192, warmup_steps=1, windows=3)
+
+    def seen(batch_size: int) -> list[int]:
+        ctx = TrialContext(config=TrialConfig(batch_size=batch_size), budget=budget, seed=7, device=CPU)
+        return _samples_seen(ctx, ctx.loader(_indices(96)))
+
+    small, large = seen(8), seen(32)
+    assert len(small) == len(large) == 192
+    assert small == large
+    assert small[:96] != small[96:]  # each epoch is shuffled afresh
+
+
+@pytest.mark.parametrize(
+    "batch_size, samples, warmup, windows",
+    [(32, 640, 2, 3), (16, 700, 1, 4), (64, 1024, 0, 3)],
+)
+def test_budget_sets_steps_windows_and_median_throughput(batch_size, samples, warmup, windows) -> None:
+    budget = Budget(samples=samples, warmup_steps=warmup, windows=windows)
+    ctx = TrialContext(config=TrialConfig(batch_size=batch_size), budget=budget, device=CPU)
+    step = _step(ctx)
+    steps = 0
+    for inputs, targets in ctx.batches(ctx.loader(workloads.dataset(512))):
+        assert inputs.shape[0] == batch_size
+        step(inputs, targets)
+        steps += 1
+    assert steps == samples // batch_size
+    windows_seen = ctx.recorder.windows
+    assert len(windows_seen) == windows
+    per_window = (samples // batch_size - warmup) // windows
+    assert [w.steps for w in windows_seen] == [per_window] * windows
+    assert [w.samples for w in windows_seen] == [per_window * batch_size] * windows
+
+    m = ctx.measurement()
+    rates = [w.samples / w.seconds for w in windows_seen]
+    assert m.throughput == statistics.median(rates)
+    assert list(m.window_throughputs) == rates
+    assert m.steps == steps and m.samples == steps * batch_size
+    assert 0.0 <= m.data_wait_fraction <= 1.0
+    assert m.first_step_seconds > 0
+    if warmup:
+        assert m.warmup_seconds >= m.first_step_seconds
+    assert m.peak_memory_gib > 0
+    assert m.metric is None and m.compile_seconds == 0.0
+
+
+def test_budget_too_small_for_the_batch_raises_knob_error() -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=64), budget=Budget(samples=256, warmup_steps=2, windows=3),
+                       device=CPU)
+    with pytest.raises(KnobError, match="leaves no timed window at batch 64"):
+        next(ctx.batches(ctx.loader(workloads.dataset(512))))
+
+
+def test_without_a_budget_batches_is_one_untimed_epoch() -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=32), device=CPU)
+    batches = list(ctx.batches(ctx.loader(workloads.dataset(100))))
+    assert len(batches) == 3
+    assert ctx.recorder.windows == []
+    with pytest.raises(ValueError, match="no timed window"):
+        ctx.measurement()
+
+
+def test_batches_of_dicts_are_counted_by_their_first_tensor() -> None:
+    class Dicts(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> dict:
+            return {"x": torch.full((3,), float(i)), "y": i}
+
+    ctx = TrialContext(config=TrialConfig(batch_size=8), budget=Budget(samples=64, warmup_steps=1, windows=3),
+                       device=CPU)
+    batches = list(ctx.batches(ctx.loader(Dicts())))
+    assert all(isinstance(b, dict) and b["x"].shape == (8, 3) for b in batches)
+    assert ctx.measurement().samples == 64
+
+
+@pytest.mark.parametrize("batch_size, baseline, scale", [(256, 64, 4.0), (32, 64, 0.5), (128, None, 1.0)])
+def test_lr_scale_is_batch_over_baseline_batch(batch_size, baseline, scale) -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=batch_size), baseline_batch_size=baseline, device=CPU)
+    assert ctx.lr_scale == scale
+
+
+def test_manual_windows_and_metric() -> None:
+    ctx = TrialContext(config=TrialConfig(), budget=Budget(), device=CPU)
+    ctx.record_window(100, 0.5, steps=2, data_wait_seconds=0.1)   # 200/s
+    ctx.record_window(100, 1.0, steps=2, data_wait_seconds=0.1)   # 100/s
+    ctx.record_window(100, 0.25, steps=2, data_wait_seconds=0.1)  # 400/s
+    ctx.report_metric(0.93)
+    m = ctx.measurement()
+    assert m.throughput == pytest.approx(200.0)
+    assert m.window_throughputs == pytest.approx((200.0, 100.0, 400.0))
+    assert m.step_time == pytest.approx(0.25)  # median of 0.25, 0.5 and 0.125 s per step
+    assert m.data_wait_fraction == pytest.approx(0.3 / 1.75)
+    assert m.metric == 0.93
+    assert (m.samples, m.steps) == (300, 6)
+
+
+@pytest.mark.parametrize("samples, seconds", [(0, 1.0), (10, 0.0), (10, -1.0)])
+def test_record_window_rejects_empty_windows(samples, seconds) -> None:
+    ctx = TrialContext(config=TrialConfig(), device=CPU)
+    with pytest.raises(ValueError, match="a window needs"):
+        ctx.record_window(samples, seconds)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_metric_raises(value) -> None:
+    ctx = TrialContext(config=TrialConfig(), device=CPU)
+    with pytest.raises(NonFiniteLoss, match="evaluation metric"):
+        ctx.report_metric(value)
+    assert ctx.metric is None
+
+
+def test_nan_loss_raises_non_finite_loss() -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=32), budget=Budget(samples=512, warmup_steps=1, windows=3),
+                       device=CPU)
+    with pytest.raises(NonFiniteLoss, match="training loss is nan"):
+        workloads.nan_loss(ctx)
+    assert isinstance(NonFiniteLoss("x"), ArithmeticError)
+
+
+def test_nan_appearing_late_is_caught_at_the_end() -> None:
+    # The loss turns NaN after the last timed window; the final check still sees it.
+    budget = Budget(samples=32 * 13, warmup_steps=0, windows=3)  # 13 steps: the windows end after step 12
+    ctx = TrialContext(config=TrialConfig(batch_size=32), budget=budget, device=CPU)
+    model = ctx.model(workloads.tiny_model())
+    calls = {"n": 0}
+
+    def loss_fn(outputs, targets):
+        calls["n"] += 1
+        loss = nn.functional.cross_entropy(outputs, targets)
+        return loss * float("nan") if calls["n"] == 13 else loss
+
+    step = ctx.train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn)
+    with pytest.raises(NonFiniteLoss):
+        for inputs, targets in ctx.batches(ctx.loader(workloads.dataset(512))):
+            step(inputs, targets)
+    assert calls["n"] == 13
+    assert len(ctx.recorder.windows) == 3

@@ -1,0 +1,237 @@
+"""Search spaces: YAML validation with one-line errors, the capability filter, and sampling through Optuna."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import SpaceError, TrialConfig, load_space
+from autotune._config import COMPILE_MODES_WITH_GRAPHS
+from autotune._hardware import Capabilities
+from autotune._space import SPACES_DIR, builtin_spaces, describe_changes, restrict_to
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+VALID = """\
+description: a small valid space
+knobs:
+  precision: [fp32, bf16]
+  batch_size: [32, 64]
+budget:
+  samples: 1024
+  warmup_steps: 1
+  windows: 3
+"""
+
+# (test id, YAML text, what the one-line message must name besides the file)
+INVALID = [
+    ("does-not-parse", "knobs:\n  batch_size: [32, 64\n  precision: fp32\n", ["does not parse", "line"]),
+    ("unknown-top-level-key", "knobs:\n  batch_size: [32]\nsampler: tpe\n", ["'sampler'"]),
+    ("unknown-knob", "knobs:\n  batch_sise: [32]\n", ["knobs.batch_sise", "unknown knob"]),
+    ("empty-choices", "knobs:\n  batch_size: []\n", ["knobs.batch_size", "empty choices"]),
+    ("empty-choices-mapping", "knobs:\n  num_workers: {choices: []}\n", ["knobs.num_workers", "empty choices"]),
+    ("batch-not-multiple-of-8", "knobs:\n  batch_size: [32, 100]\n", ["knobs.batch_size", "100", "multiple of 8"]),
+    ("batch-range-step", "knobs:\n  batch_size: {low: 32, high: 128, step: 12}\n", ["knobs.batch_size.step", "12"]),
+    ("batch-range-low", "knobs:\n  batch_size: {low: 20, high: 128}\n", ["knobs.batch_size.low", "20"]),
+    ("low-above-high", "knobs:\n  num_workers: {low: 4, high: 1}\n", ["knobs.num_workers", "low 4 > high 1"]),
+    (
+        "too-few-samples-for-largest-batch",
+        "knobs:\n  batch_size: [64, 512]\nbudget: {samples: 2048, warmup_steps: 2, windows: 3}\n",
+        ["budget.samples", "2048", "batch 512"],
+    ),
+    ("too-few-windows", "knobs:\n  batch_size: [32]\nbudget: {samples: 4096, windows: 2}\n", ["budget"]),
+    ("unknown-budget-key", "knobs:\n  batch_size: [32]\nbudget: {sample: 4096}\n", ["budget.sample"]),
+    ("bad-precision", "knobs:\n  precision: [fp32, fp8]\n", ["knobs.precision", "fp8"]),
+    ("bad-compile-mode", "knobs:\n  compile: [off, fast]\n", ["knobs.compile", "fast"]),
+    ("duplicate-choices", "knobs:\n  batch_size: [32, 32]\n", ["knobs.batch_size", "duplicate"]),
+    ("bool-knob-not-bool", "knobs:\n  channels_last: [yes-please]\n", ["knobs.channels_last"]),
+    ("range-on-categorical", "knobs:\n  precision: {low: 1, high: 2}\n", ["knobs.precision", "range"]),
+    ("baseline-unknown-knob", "knobs:\n  batch_size: [32]\nbaseline: {batch: 32}\n", ["baseline.batch"]),
+    ("baseline-bad-batch", "knobs:\n  batch_size: [32]\nbaseline: {batch_size: 30}\n", ["baseline.batch_size"]),
+    ("no-knobs", "description: nothing to tune\n", ["'knobs'"]),
+]
+
+
+@pytest.mark.parametrize("text, names", [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
+def test_invalid_space_is_one_line_naming_file_and_key(write_space, text: str, names: list[str]) -> None:
+    path = write_space(text, name="bad_space.yaml")
+    with pytest.raises(SpaceError) as info:
+        load_space(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    for name in names:
+        assert name in message
+
+
+def test_missing_space_file_names_it_and_lists_the_built_ins(tmp_path: Path) -> None:
+    with pytest.raises(SpaceError, match="no such search space") as info:
+        load_space(tmp_path / "nope.yaml")
+    assert str(tmp_path / "nope.yaml") in str(info.value)
+    assert "cpu_default" in str(info.value)
+
+
+@pytest.mark.parametrize("path", builtin_spaces(), ids=lambda p: p.stem)
+def test_builtin_space_loads(path: Path) -> None:
+    space = load_space(path)
+    assert space.knobs and space.size >= 2
+    assert space.description
+    assert load_space(path.stem).fingerprint == space.fingerprint  # by name as well as by path
+
+
+def test_the_builtin_spaces_are_the_documented_ones() -> None:
+    assert {p.stem for p in builtin_spaces()} == {
+        "cpu_default", "demo_cpu", "demo_gpu", "example_cifar_cnn", "gpu_default"
+    }
+    assert all(p.parent == SPACES_DIR for p in builtin_spaces())
+
+
+def test_compile_off_is_the_string_off_not_false(write_space) -> None:
+    space = load_space(write_space("knobs:\n  compile: [off, default]\nbaseline:\n  compile: off\n"))
+    assert space.knobs["compile"].choices == ("off", "default")
+    assert space.baseline.compile == "off"
+
+
+def test_ranges_expand_to_their_values(write_space) -> None:
+    space = load_space(write_space(
+        "knobs:\n"
+        "  batch_size: {low: 32, high: 128, step: 32}\n"
+        "  num_workers: {low: 0, high: 2}\n"
+        "  memory_fraction: {low: 0.5, high: 1, step: 0.25}\n"
+        "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n"
+    ))
+    assert space.knobs["batch_size"].values == (32, 64, 96, 128)
+    assert space.knobs["num_workers"].values == (0, 1, 2)
+    assert space.knobs["memory_fraction"].values == (0.5, 0.75, 1.0)
+    assert space.size == 4 * 3 * 3
+    assert space.max_batch_size() == 128
+
+
+def test_fingerprint_is_stable_and_tracks_the_definition(write_space) -> None:
+    first = load_space(write_space(VALID, "a.yaml"))
+    again = load_space(write_space(VALID, "b.yaml"))
+    assert first.fingerprint == again.fingerprint
+    # The description is prose, not part of the definition.
+    reworded = load_space(write_space(VALID.replace("a small valid space", "reworded"), "c.yaml"))
+    assert reworded.fingerprint == first.fingerprint
+
+    bigger = load_space(write_space(VALID.replace("[32, 64]", "[32, 64, 128]"), "d.yaml"))
+    assert bigger.fingerprint != first.fingerprint
+    assert describe_changes(first.to_dict(), bigger.to_dict()) == ["knobs.batch_size"]
+
+    longer = load_space(write_space(VALID.replace("samples: 1024", "samples: 2048"), "e.yaml"))
+    assert longer.fingerprint != first.fingerprint
+    assert describe_changes(first.to_dict(), longer.to_dict()) == ["budget.samples"]
+
+
+def test_describe_changes_sees_no_change_after_a_json_round_trip(write_space) -> None:
+    # The tuner compares the definition stored in the study (JSON) with the one loaded now.
+    space = load_space(SPACES_DIR / "gpu_default.yaml")
+    stored = json.loads(json.dumps(space.to_dict()))
+    assert describe_changes(stored, space.to_dict()) == []
+
+
+def test_restrict_to_a_machine_without_cuda_removes_cuda_knobs_with_reasons() -> None:
+    space = load_space("gpu_default")
+    cpu = Capabilities(cuda=False, bf16=True, compile=True)
+    restricted = restrict_to(space, cpu)
+
+    assert restricted.knobs["precision"].values == ("fp32", "bf16")
+    for knob in ("cuda_graphs", "cudnn_benchmark", "pin_memory"):
+        assert restricted.knobs[knob].values == (False,), knob
+    assert set(restricted.knobs["compile"].values) == {"off", "default", "max-autotune-no-cudagraphs"}
+    for key in ("precision=tf32", "precision=fp16", "cuda_graphs=true", "cudnn_benchmark=true",
+                "pin_memory=true", "compile=max-autotune"):
+        assert "no CUDA device" in restricted.removed[key], key
+    assert restricted.size < space.size
+    assert space.removed == {}  # the original is untouched
+
+
+def test_restrict_to_removes_memory_fractions_below_one_without_cuda(write_space) -> None:
+    space = load_space(write_space("knobs:\n  memory_fraction: [0.5, 0.8, 1.0]\n  batch_size: [32, 64]\n"))
+    restricted = restrict_to(space, Capabilities(cuda=False, bf16=True))
+    assert restricted.knobs["memory_fraction"].values == (1.0,)
+    assert set(restricted.removed) == {"memory_fraction=0.5", "memory_fraction=0.8"}
+
+
+def test_restrict_to_falls_back_when_the_baseline_value_is_removed(write_space) -> None:
+    space = load_space(write_space("knobs:\n  precision: [tf32, bf16]\nbaseline:\n  precision: tf32\n"))
+    restricted = restrict_to(space, Capabilities(cuda=False, bf16=True))
+    assert restricted.knobs["precision"].values == ("bf16",)
+    assert restricted.baseline.precision == "bf16"
+
+
+def test_restrict_to_without_a_compiler_or_bf16() -> None:
+    space = load_space("gpu_default")
+    no_compile = restrict_to(space, Capabilities(cuda=True, bf16=True, compile=False, compile_reason="no compiler"))
+    assert no_compile.knobs["compile"].values == ("off",)
+    assert no_compile.removed["compile=default"] == "no compiler"
+    no_bf16 = restrict_to(space, Capabilities(cuda=True, bf16=False, gpu_name="Old GPU"))
+    assert "bf16" not in no_bf16.knobs["precision"].values
+    assert "Old GPU" in no_bf16.removed["precision=bf16"]
+    assert "tf32" in no_bf16.knobs["precision"].values  # CUDA knobs stay on a CUDA machine
+
+
+SAMPLING_SPACE = """\
+knobs:
+  precision: [bf16]
+  batch_size: {low: 32, high: 128, step: 32}
+  compile: [off, default, reduce-overhead, max-autotune]
+  cuda_graphs: [false, true]
+  num_workers: [0, 2]
+  prefetch_factor: [2, 4]
+  persistent_workers: [false, true]
+  memory_fraction: {low: 0.5, high: 1.0, step: 0.25}
+  cpu_threads: {low: 1, high: 4}
+baseline:
+  channels_last: true
+budget: {samples: 2048, warmup_steps: 2, windows: 3}
+"""
+
+
+def test_sampling_through_optuna_stays_in_the_space_and_skips_moot_knobs(write_space) -> None:
+    space = load_space(write_space(SAMPLING_SPACE))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    distributions = space.distributions()
+    seen: Counter = Counter()
+    for _ in range(80):
+        trial = study.ask()
+        config = space.sample(trial)
+        assert isinstance(config, TrialConfig)
+        for name, knob in space.knobs.items():
+            assert getattr(config, name) in knob.values, name
+        assert config.precision == "bf16" and "precision" not in trial.params  # fixed: not asked
+        assert config.channels_last is True  # not listed: the baseline's value
+        for name, value in trial.params.items():
+            dist = distributions[name]
+            assert dist._contains(dist.to_internal_repr(value)), name
+        if config.compile in COMPILE_MODES_WITH_GRAPHS:
+            assert config.cuda_graphs is False and "cuda_graphs" not in trial.params
+        if config.num_workers == 0:
+            assert "prefetch_factor" not in trial.params and "persistent_workers" not in trial.params
+            assert config.prefetch_factor == TrialConfig().prefetch_factor
+        seen.update({
+            "graphs": config.cuda_graphs,
+            "graph-mode": config.compile in COMPILE_MODES_WITH_GRAPHS,
+            "prefetch4": config.prefetch_factor == 4,
+            "no-workers": config.num_workers == 0,
+        })
+        study.tell(trial, 0.0)
+    # The conditions above were exercised both ways, so the test can tell a sampler that ignores them.
+    assert all(seen[key] > 0 for key in ("graphs", "graph-mode", "prefetch4", "no-workers")), seen
+
+
+def test_an_enqueued_config_is_sampled_as_given(write_space) -> None:
+    space = load_space(write_space(SAMPLING_SPACE))
+    study = optuna.create_study()
+    study.enqueue_trial({"batch_size": 96, "compile": "default", "cuda_graphs": True, "num_workers": 2,
+                         "prefetch_factor": 4, "persistent_workers": True, "memory_fraction": 0.75,
+                         "cpu_threads": 3})
+    config = space.sample(study.ask())
+    assert config == TrialConfig(precision="bf16", batch_size=96, channels_last=True, compile="default",
+                                 cuda_graphs=True, num_workers=2, prefetch_factor=4, persistent_workers=True,
+                                 memory_fraction=0.75, cpu_threads=3)

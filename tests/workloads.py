@@ -1,0 +1,169 @@
+"""Tiny workloads shared by the tests.
+
+Trials import these by ``path.py:func`` (see ``WORKLOADS``), so every workload is a module-level
+function taking a ``TrialContext``. They are small enough to run in well under a second on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+WORKLOADS = str(Path(__file__).resolve())
+PIDFILE_ENV = "AUTOTUNE_TEST_PIDFILE"
+FEATURES = 16
+CLASSES = 4
+
+
+def dataset(n: int = 1024, *, seed: int = 0) -> torch.utils.data.TensorDataset:
+    """A linearly separable classification task: the label is the argmax of a fixed projection."""
+    gen = torch.Generator().manual_seed(1234)
+    projection = torch.randn(FEATURES, CLASSES, generator=gen)
+    gen.manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=gen)
+    y = (x @ projection).argmax(dim=1)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+class PlainSGD:
+    """Plain SGD for the isolated-trial workloads.
+
+    ``torch.optim`` imports ``torch._dynamo`` when an optimizer is built, which costs about 2 s in
+    every fresh trial process on this machine; the tests run dozens of trials, so the tiny workloads
+    use this instead. The in-process knob tests use ``torch.optim.SGD``.
+    """
+
+    def __init__(self, params, lr: float) -> None:
+        self.params = list(params)
+        self.lr = lr
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
+
+
+def tiny_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+
+@torch.no_grad()
+def accuracy(ctx, model: nn.Module, data: torch.utils.data.TensorDataset) -> float:
+    x, y = data.tensors
+    with ctx.autocast():
+        pred = model(ctx.to_device(x)).argmax(dim=1)
+    return (pred.cpu() == y).float().mean().item()
+
+
+def train_tiny(ctx) -> None:
+    """The standard tiny workload: a small MLP through ctx.loader / ctx.batches / ctx.train_step."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1 * ctx.lr_scale)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(ctx.loader(dataset(seed=ctx.seed))):
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+def train_oom_at_256(ctx) -> None:
+    """Like train_tiny, but batch 256 and up fail the way a too-large batch fails on a GPU."""
+    if ctx.config.batch_size >= 256:
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate batch {ctx.config.batch_size}")
+    train_tiny(ctx)
+
+
+def raise_value_error(ctx) -> None:
+    raise ValueError("the workload is broken\nsecond line of the message")
+
+
+def raise_torch_oom(ctx) -> None:
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def raise_cuda_oom_runtime(ctx) -> None:
+    raise RuntimeError("CUDA error: out of memory")
+
+
+def raise_cudnn_not_supported(ctx) -> None:
+    raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-contiguous input.")
+
+
+def abort(ctx) -> None:
+    os.abort()
+
+
+def _spawn_sleeper() -> subprocess.Popen:
+    """A grandchild process (of the trial) that would outlive its parent; its pid goes to the pidfile."""
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    Path(os.environ[PIDFILE_ENV]).write_text(str(sleeper.pid))
+    return sleeper
+
+
+def hang_with_grandchild(ctx) -> None:
+    """A step that never ends, with a grandchild process that must not survive the timeout."""
+    _spawn_sleeper()
+    time.sleep(1000)
+
+
+def leave_grandchild(ctx) -> None:
+    """A trial that succeeds but leaves a process behind."""
+    _spawn_sleeper()
+    train_tiny(ctx)
+
+
+def nan_loss(ctx) -> None:
+    """A workload whose loss is NaN from the first step."""
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(outputs, targets) * float("nan")
+
+    step = ctx.train_step(model, optimizer, loss_fn)
+    for inputs, targets in ctx.batches(ctx.loader(dataset())):
+        step(inputs, targets)
+
+
+def huge_allocation(ctx) -> None:
+    """Allocate 4 GiB, far beyond the tests' memory limit (never touched, so it is cheap without one)."""
+    scratch = torch.empty(4 * 2**30, dtype=torch.uint8)
+    del scratch
+    train_tiny(ctx)
+
+
+def no_window(ctx) -> None:
+    """Returns without iterating ctx.batches or reporting a window: nothing was measured."""
+
+
+def _manual_windows(ctx) -> None:
+    """Three hand-timed windows; more loader workers report a higher throughput (1000 x (1 + workers)/s)."""
+    seconds = 1.0 / (1 + ctx.config.num_workers)
+    for _ in range(3):
+        ctx.record_window(1000, seconds, steps=10, data_wait_seconds=0.1 * seconds)
+
+
+def faster_but_less_accurate(ctx) -> None:
+    """Deterministic numbers through the manual reporting path.
+
+    Each loader worker doubles the throughput and costs 0.02 of accuracy; the seed moves the metric
+    by 0.005, so two fp32 reference runs (seeds 0 and 1) give a noise band of 0.005.
+    """
+    _manual_windows(ctx)
+    ctx.report_metric(0.9 - 0.02 * ctx.config.num_workers - 0.005 * ctx.seed)
+
+
+def faster_but_higher_loss(ctx) -> None:
+    """The same as faster_but_less_accurate for a metric that is minimised (a validation loss)."""
+    _manual_windows(ctx)
+    ctx.report_metric(0.1 + 0.02 * ctx.config.num_workers + 0.005 * ctx.seed)
