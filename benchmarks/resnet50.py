@@ -31,6 +31,8 @@ def main() -> None:
     parser.add_argument("--studies-dir", default="studies")
     parser.add_argument("--storage", default=None)
     parser.add_argument("--out", default="resnet50.md")
+    parser.add_argument("--confirm-rounds", type=int, default=3)
+    parser.add_argument("--trial-timeout", type=float, default=600.0)
     args = parser.parse_args()
 
     study_name = f"resnet50-{args.variant}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
@@ -44,7 +46,8 @@ def main() -> None:
         storage=args.storage,
         studies_dir=args.studies_dir,
         top_k=3,
-        confirm_rounds=3,
+        confirm_rounds=args.confirm_rounds,
+        trial_timeout=args.trial_timeout,
         progress=False,
     )
     wall = time.time() - start
@@ -72,7 +75,8 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         "",
         f"- Date: {datetime.date.today()}; GPU {hw['gpu_name']} (driver {hw['driver']}); torch {hw['torch']}",
         f"- Command: `python -m benchmarks.resnet50 --variant {args.variant} --space {args.space} --trials {args.trials}"
-        + (f" --timeout {args.timeout:.0f}" if args.timeout else "") + "`",
+        + (f" --timeout {args.timeout:.0f}" if args.timeout else "")
+        + f" --confirm-rounds {args.confirm_rounds} --trial-timeout {args.trial_timeout:.0f}`",
         f"- Study `{study.study_name}`; budget per trial: {study.user_attrs['space']['budget']}",
         "",
         "| quantity | value |",

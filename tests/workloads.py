@@ -167,3 +167,11 @@ def faster_but_higher_loss(ctx) -> None:
     """The same as faster_but_less_accurate for a metric that is minimised (a validation loss)."""
     _manual_windows(ctx)
     ctx.report_metric(0.1 + 0.02 * ctx.config.num_workers + 0.005 * ctx.seed)
+
+
+def loader_start(ctx) -> None:
+    """Time the first batch of ctx.loader (its worker start-up) and report it with ctx.record."""
+    start = time.perf_counter()
+    next(iter(ctx.loader(dataset(256))))
+    ctx.record("first_batch_seconds", time.perf_counter() - start)
+    _manual_windows(ctx)

@@ -1,0 +1,168 @@
+"""The ``autotune`` command, run as a real subprocess: exit codes, one-line errors, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune._space import builtin_spaces
+from workloads import WORKLOADS
+
+REPO = Path(__file__).resolve().parent.parent
+CONSOLE_SCRIPT = Path(sys.executable).parent / "autotune"
+TINY_SPACE = """\
+knobs:
+  channels_last: [false, true]
+  cpu_threads: [1, 2]
+budget: {samples: 512, warmup_steps: 1, windows: 3}
+"""
+
+
+def cli(*args, cwd: Path, timeout: float = 300, script: bool = False) -> subprocess.CompletedProcess:
+    """Run ``python -m autotune ARGS`` (or the console script) and capture what it prints."""
+    command = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "autotune"]
+    env = {**os.environ, "COLUMNS": "400"}  # rich wraps long paths at 80 columns otherwise
+    return subprocess.run([*command, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *names: str) -> str:
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+def console_script() -> Path:
+    found = CONSOLE_SCRIPT if CONSOLE_SCRIPT.exists() else shutil.which("autotune")
+    if found is None:
+        pytest.skip("the autotune console script is not installed")
+    return Path(found)
+
+
+def test_spaces_validates_the_built_ins(tmp_path: Path) -> None:
+    proc = cli("spaces", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    for path in builtin_spaces():
+        assert any(line.startswith("ok") and str(path) in line for line in proc.stdout.splitlines()), path
+
+
+def test_console_script_runs(tmp_path: Path) -> None:
+    console_script()
+    proc = cli("spaces", cwd=tmp_path, script=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ok ") == len(builtin_spaces())
+
+
+def test_spaces_with_an_invalid_file_exits_1_with_one_line(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(TINY_SPACE)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("knobs:\n  batch_size: [32, 100]\n")
+    proc = cli("spaces", good, bad, cwd=tmp_path)
+    line = assert_one_line_error(proc, str(bad), "knobs.batch_size", "100")
+    assert line.startswith("invalid")
+    assert f"ok       {good}" in proc.stdout
+
+
+def test_tune_with_an_invalid_space_exits_1_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("knobs:\n  batch_size: [32]\nsampler: tpe\n")
+    proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", bad, "--studies-dir", tmp_path / "studies",
+               "--no-progress", cwd=tmp_path, script=CONSOLE_SCRIPT.exists())
+    line = assert_one_line_error(proc, str(bad), "'sampler'")
+    assert line.startswith("autotune: error: ")
+
+
+def test_tune_with_a_missing_file_exits_1_with_one_line(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE)
+    proc = cli("tune", "missing.py:train", "--space", space, "--studies-dir", tmp_path / "studies",
+               "--no-progress", cwd=tmp_path)
+    assert_one_line_error(proc, "autotune: error:", "missing.py", "no such file")
+
+
+def test_tune_then_best(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE)
+    studies = tmp_path / "studies"
+    proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 2, "--study", "cli-tiny",
+               "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    best_json = studies / "cli-tiny" / "best_config.json"
+    assert f"Best config written to {best_json}" in proc.stdout
+    url = f"sqlite:///{studies}/autotune.db"
+    trials = optuna.load_study(study_name="cli-tiny", storage=url).get_trials()
+    assert len(trials) == 2 and all(t.user_attrs["status"] == "ok" for t in trials)
+    written = json.loads(best_json.read_text())
+    assert written["config"] is not None
+
+    as_json = cli("best", "cli-tiny", "--studies-dir", studies, "--format", "json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert doc["config"] == written["config"] and doc["study"] == "cli-tiny"
+
+    as_yaml = cli("best", "cli-tiny", "--storage", url, "--format", "yaml", cwd=tmp_path)
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    assert yaml.safe_load(as_yaml.stdout)["config"] == written["config"]
+
+    missing = cli("best", "nope", "--storage", url, cwd=tmp_path)
+    assert_one_line_error(missing, "no study 'nope'", "cli-tiny")
+
+
+def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
+    studies = tmp_path / "studies"
+    proc = cli("demo", "--trials", 2, "--studies-dir", studies, "--no-progress", cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((studies / "demo" / "best_config.json").read_text())
+    assert doc["study"] == "demo" and doc["target"] == "autotune.demo:train"
+    assert doc["baseline"]["throughput"] > 0
+    study = optuna.load_study(study_name="demo", storage=f"sqlite:///{studies}/autotune.db")
+    assert len(study.get_trials()) == 2
+    assert study.user_attrs["space_name"] == "demo_cpu"
+    assert all(t.user_attrs["status"] in ("ok", "oom", "nan", "error", "crash", "timeout") for t in study.trials)
+
+
+def test_cifar_example_batch_4096_fails_as_oom_under_the_memory_limit(tmp_path: Path) -> None:
+    # A full trial of the example takes 30 s (fp32, batch 64) to over 4 min (bf16 on this CPU), so the
+    # example space's 8 trials do not fit in the suite. This space keeps the example's model, data and
+    # memory limit but fixes batch 4096, so that its one trial is the one that must overflow the limit.
+    space = tmp_path / "cifar_4096.yaml"
+    space.write_text(textwrap.dedent("""\
+        description: examples/cifar_cnn.py at batch 4096 only
+        knobs:
+          batch_size: [4096]
+          channels_last: [false, true]
+        budget: {samples: 12288, warmup_steps: 0, windows: 3}
+        """))
+    url = f"sqlite:///{tmp_path}/cifar.db"
+    proc = cli("tune", "examples/cifar_cnn.py:train", "--space", space, "--memory-limit", 1.5, "--trials", 1,
+               "--storage", url, "--study", "cifar-oom", "--studies-dir", tmp_path / "studies", "--no-progress",
+               cwd=REPO, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    assert "No feasible config was found" in proc.stdout
+    study = optuna.load_study(study_name="cifar-oom", storage=url)
+    assert study.user_attrs["baseline_throughput"] > 0  # the reference (batch 64) fits in the limit
+    (trial,) = study.get_trials()
+    assert "batch_size" not in trial.params  # a fixed knob is not asked of the sampler
+    assert trial.user_attrs["config"]["batch_size"] == 4096
+    assert trial.user_attrs["status"] == "oom", trial.user_attrs.get("error")
+    assert "allocate" in trial.user_attrs["error"]
+    assert trial.constraints["failure"] > 0
+
+    best = cli("best", "cifar-oom", "--storage", url, cwd=tmp_path)
+    assert best.returncode == 1  # nothing feasible to print
+    assert json.loads(best.stdout)["config"] is None
