@@ -21,7 +21,7 @@ COMPILE_MODES: tuple[str, ...] = (
 COMPILE_MODES_WITH_GRAPHS: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
 LOADERS: tuple[str, ...] = ("torch",)
 
-Status = Literal["ok", "oom", "timeout", "crash", "nan", "error"]
+Status = Literal["ok", "oom", "timeout", "crash", "cuda_fatal", "nan", "error"]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,14 @@ OOM_PATTERNS = (
     "can't allocate memory",
     "Cannot allocate memory",
 )
+# Errors after which the CUDA context is unusable until the process ends.
+CUDA_FATAL_PATTERNS = (
+    "illegal memory access",
+    "device-side assert",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+)
 STDERR_TAIL_CHARS = 2000
 
 
@@ -112,6 +120,8 @@ def classify_exception(exc: BaseException) -> str:
         return "oom"
     if isinstance(exc, RuntimeError) and any(p in str(exc) for p in OOM_PATTERNS):
         return "oom"
+    if isinstance(exc, RuntimeError) and any(p in str(exc) for p in CUDA_FATAL_PATTERNS):
+        return "cuda_fatal"
     return "error"
 
 
