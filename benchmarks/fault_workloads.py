@@ -16,7 +16,7 @@ def illegal_address(ctx) -> None:
 
     @triton.jit
     def store_far(ptr):
-        tl.store(ptr + 1 << 40, 1.0)  # far outside any allocation: an illegal address, not a bounds check
+        tl.store(ptr + (1 << 40), 1.0)  # far outside any allocation: an illegal address, not a bounds check
 
     x = torch.zeros(16, device="cuda")
     store_far[(1,)](x)

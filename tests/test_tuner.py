@@ -209,7 +209,7 @@ def test_accuracy_bound_with_noise_band_decides_the_best(tmp_path, cpu_caps, wri
                                                          max_loss, best_workers) -> None:
     # Reference metrics (seeds 0 and 1) differ by 0.005: the noise band. The 2x faster config (one loader
     # worker) loses 0.02, which is within 0.02 + 0.005 but not within 0.01 + 0.005.
-    result = make_tuner(tmp_path, cpu_caps, func, write_space(WORKERS_SPACE), n_trials=6, reference_repeats=2,
+    result = make_tuner(tmp_path, cpu_caps, func, write_space(WORKERS_SPACE), n_trials=20, reference_repeats=2,
                         metric_direction=direction, max_accuracy_loss=max_loss, study_name="bound").run()
     study = open_study(sqlite_url(tmp_path), "bound")
     assert study.user_attrs["metric_noise"] == pytest.approx(0.005)
