@@ -125,15 +125,18 @@ def _probe_here() -> Capabilities:
     )
 
 
-def probe(*, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Capabilities:
-    """Probe the machine in a child process.
+def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Capabilities:
+    """Probe the machine in a child process, and check there that ``target`` imports.
 
     Raises:
+        WorkloadError: ``target`` cannot be imported.
         AutotuneError: the child could not import torch or did not answer.
     """
+    from autotune._errors import WorkloadError
+
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "autotune._hardware"],
+            [sys.executable, "-m", "autotune._hardware", *([target] if target else [])],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -144,11 +147,29 @@ def probe(*, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Ca
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise AutotuneError(f"the hardware probe failed: {tail}")
-    return Capabilities.from_dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    if answer.get("target_error"):
+        raise WorkloadError(answer["target_error"])
+    return Capabilities.from_dict(answer["capabilities"])
+
+
+def _main(argv: list[str]) -> None:
+    answer: dict[str, Any] = {"capabilities": _probe_here().to_dict()}
+    if argv:
+        from autotune._isolation import load_target
+
+        try:
+            load_target(argv[0])
+        except AutotuneError as exc:
+            answer["target_error"] = str(exc)
+        except Exception as exc:  # the user's module failed at import: report it in one line
+            answer["target_error"] = f"{argv[0]}: importing it raised {type(exc).__name__}: {exc}".splitlines()[0]
+    sys.stdout.flush()
+    print(json.dumps(answer))
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe_here().to_dict()))
+    _main(sys.argv[1:])
 
 
 class GpuSampler:

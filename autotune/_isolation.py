@@ -161,7 +161,15 @@ def execute(spec: TrialSpec) -> TrialOutcome:
                 baseline_batch_size=spec.baseline_batch_size,
                 device=device,
             )
-            fn(ctx)
+            returned = fn(ctx)
+            if returned is not None:
+                if isinstance(returned, (int, float)) and not isinstance(returned, bool) and ctx.metric is None:
+                    ctx.report_metric(returned)  # a returned number is taken as the metric
+                else:
+                    raise WorkloadError(
+                        f"train_fn returned a {type(returned).__name__}; it should return None and report "
+                        "with ctx.report_metric(...), or return the metric as a number"
+                    )
             measurement = ctx.measurement()
         return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
@@ -194,8 +202,9 @@ def _mp_context() -> Any:
     if _CONTEXT is None:
         if "forkserver" in multiprocessing.get_all_start_methods():
             _CONTEXT = multiprocessing.get_context("forkserver")
-            # Import torch once in the server (it does not initialise CUDA), not once per trial.
-            _CONTEXT.set_forkserver_preload(["torch", "autotune._context", "autotune._isolation"])
+            # Import torch once in the server (it does not initialise CUDA), not once per trial. Building
+            # any torch.optim optimizer imports torch._dynamo (seconds on a small CPU), so preload it too.
+            _CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "autotune._context", "autotune._isolation"])
         else:
             _CONTEXT = multiprocessing.get_context("spawn")
     return _CONTEXT

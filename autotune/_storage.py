@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,18 +19,48 @@ def default_storage_url(studies_dir: Path = DEFAULT_STUDIES_DIR) -> str:
     return f"sqlite:///{studies_dir / DEFAULT_DB}"
 
 
-def open_storage(url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR) -> tuple[Any, str]:
+RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+HEARTBEAT_INTERVAL = 10  # seconds between heartbeats of a running trial (RDB storages)
+GRACE_PERIOD = 60  # a RUNNING trial without a heartbeat this long is stale
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***``, for messages, logs and files."""
+    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+
+
+def _enable_sqlite_wal(path: Path) -> None:
+    # WAL lets readers (a dashboard, other workers) read while one writer writes; it persists in the file.
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+
+
+def open_storage(
+    url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR, *, heartbeat: bool = False
+) -> tuple[Any, str]:
     """Open an Optuna storage from a URL; ``None`` means ``studies/autotune.db``.
 
     ``journal:PATH`` opens a journal file (several processes on one host).
 
+    Args:
+        heartbeat: Record heartbeats for running trials (RDB storages), so that a trial whose worker
+            died is failed after ``GRACE_PERIOD`` seconds and its config is retried once.
+
     Returns:
-        The storage object and its URL as given (for messages and best_config.json).
+        The storage object and its URL with any password masked (for messages and files).
 
     Raises:
-        StudyError: the URL cannot be opened.
+        StudyError: the URL has an unknown scheme or cannot be opened.
     """
     url = url or default_storage_url(studies_dir)
+    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in RDB_SCHEMES + ("journal",):
+        raise StudyError(
+            f"storage {mask_url(url)}: unknown scheme {scheme!r} "
+            "(use sqlite:///PATH, postgresql://..., mysql://... or journal:PATH)"
+        )
     try:
         if url.startswith("journal:"):
             from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -38,15 +70,26 @@ def open_storage(url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR) ->
             return JournalStorage(JournalFileBackend(str(path))), url
         engine_kwargs: dict[str, Any] = {}
         if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-            # Wait for a lock instead of failing at once when a dashboard or a second worker reads.
+            path = Path(url[len("sqlite:///") :])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _enable_sqlite_wal(path)
+            # Wait for a lock instead of failing at once when a dashboard or a second worker writes.
             engine_kwargs = {"connect_args": {"timeout": 60}}
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs), url
+        options: dict[str, Any] = {}
+        if heartbeat:
+            options = {
+                "heartbeat_interval": HEARTBEAT_INTERVAL,
+                "grace_period": GRACE_PERIOD,
+                "failed_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+            }
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
     except ImportError as exc:
-        raise StudyError(f"{url}: a driver is missing ({exc.name}); for PostgreSQL install autotune[postgres]") from None
+        raise StudyError(
+            f"{mask_url(url)}: a driver is missing ({exc.name}); for PostgreSQL install autotune[postgres]"
+        ) from None
     except Exception as exc:  # SQLAlchemy raises many types; the user needs one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StudyError(f"cannot open storage {url}: {first}") from None
+        raise StudyError(f"cannot open storage {mask_url(url)}: {mask_url(first)}") from None
 
 
 def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:

@@ -9,6 +9,9 @@ import dataclasses
 import datetime
 import json
 import math
+import os
+import socket
+import threading
 import statistics
 import time
 import warnings
@@ -22,7 +25,7 @@ from autotune import _hardware, _space
 from autotune._config import Budget, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
 from autotune._errors import StudyError, WorkloadError
 from autotune._isolation import TrialSpec, run_isolated, target_of
-from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
+from autotune._storage import DEFAULT_STUDIES_DIR, default_storage_url, mask_url, open_storage, study_dir, study_exists
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
@@ -117,29 +120,37 @@ class Tuner:
             return _space.load_space(self.default_spaces[1] if caps.cuda else self.default_spaces[0])
         return _space.load_space(self.space_arg)
 
-    def _open_study(self, space: _space.SearchSpace, caps: _hardware.Capabilities) -> optuna.Study:
-        storage, _ = open_storage(self.storage_url, self.studies_dir)
-        if study_exists(storage, self.study_name):
-            study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
-            old = study.user_attrs.get("space")
-            if old is not None and study.user_attrs.get("space_fingerprint") != space.fingerprint:
-                changed = _space.describe_changes(old, space.to_dict()) or ["the definition"]
-                raise StudyError(
-                    f"study {self.study_name!r} was created with another search space "
-                    f"(changed: {', '.join(changed)}); use a new --study name or the original space"
-                )
-            if old is not None and study.user_attrs.get("target") not in (None, self.target):
-                raise StudyError(
-                    f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}; "
-                    "use a new --study name"
-                )
-            return study
-        study = optuna.create_study(
-            study_name=self.study_name,
-            storage=storage,
-            directions=["maximize", "minimize"],
-            sampler=self._sampler(),
-        )
+    def _load_existing(self, storage: Any, space: _space.SearchSpace) -> Optional[optuna.Study]:
+        """The study if it exists, after checking that it was made with this space and target."""
+        if not study_exists(storage, self.study_name):
+            return None
+        study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
+        old = study.user_attrs.get("space")
+        if old is not None and study.user_attrs.get("space_fingerprint") != space.fingerprint:
+            changed = _space.describe_changes(old, space.to_dict()) or ["the definition"]
+            raise StudyError(
+                f"study {self.study_name!r} was created with another search space "
+                f"(changed: {', '.join(changed)}); use a new --study name or the original space"
+            )
+        if old is not None and study.user_attrs.get("target") not in (None, self.target):
+            raise StudyError(
+                f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}; "
+                "use a new --study name"
+            )
+        return study
+
+    def _create(self, storage: Any, space: _space.SearchSpace, caps: _hardware.Capabilities,
+                reference: dict[str, Any]) -> optuna.Study:
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name,
+                storage=storage,
+                directions=["maximize", "minimize"],
+                sampler=self._sampler(),
+            )
+        except optuna.exceptions.DuplicatedStudyError:
+            # Another worker created it while this one ran the reference: join it.
+            return optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)
@@ -153,6 +164,7 @@ class Tuner:
             "metric_direction": self.metric_direction,
             "max_accuracy_loss": self.max_accuracy_loss,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **reference,
         }
         for key, value in attrs.items():
             study.set_user_attr(key, value)
@@ -173,40 +185,43 @@ class Tuner:
         )
 
     # -- reference -------------------------------------------------------------------------------
-    def _reference(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
-        if "reference_metrics" in study.user_attrs:
-            return  # run once per study, whoever resumes it
+    def _reference(self, space: _space.SearchSpace, ui: "_Progress") -> dict[str, Any]:
+        """Train the baseline in fp32 once per seed: baseline throughput, reference metric, noise band.
+
+        Raises:
+            WorkloadError: a reference run failed, so no trial could be judged.
+        """
         baseline = space.baseline.replace(precision="fp32")
-        metrics, rates = [], []
+        metrics, rates, first = [], [], None
         for repeat in range(self.reference_repeats):
-            ui.status(f"reference {repeat + 1}/{self.reference_repeats}: {baseline.describe()} (fp32, seed {self.seed + repeat})")
+            seed = self.seed + repeat
+            ui.status(f"reference {repeat + 1}/{self.reference_repeats}: {baseline.describe()} (seed {seed})")
+            workdir = self._logdir() / f"reference-{repeat}"
             outcome = run_isolated(
-                self._spec(baseline, space.budget, self.seed + repeat, space.baseline),
-                workdir=self._logdir(study) / f"reference-{repeat}",
-                timeout=self.trial_timeout,
+                self._spec(baseline, space.budget, seed, space.baseline), workdir=workdir, timeout=self.trial_timeout
             )
             if not outcome.ok or outcome.measurement is None:
-                log = self._logdir(study) / f"reference-{repeat}" / "trial.log"
                 raise WorkloadError(
                     f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
-                    f"see {log}"
+                    f"see {workdir / 'trial.log'}"
                 )
             metrics.append(outcome.measurement.metric)
             rates.append(outcome.measurement.throughput)
-            if repeat == 0:
-                study.set_user_attr("reference_measurement", outcome.measurement.to_dict())
+            first = first or outcome.measurement.to_dict()
         real = [m for m in metrics if m is not None]
-        noise = (max(real) - min(real)) if len(real) >= 2 else 0.0
-        study.set_user_attr("baseline_config", baseline.to_dict())
-        study.set_user_attr("baseline_throughput", rates[0])
-        study.set_user_attr("reference_metric", metrics[0])
-        study.set_user_attr("reference_metrics", metrics)
-        study.set_user_attr("reference_throughputs", rates)
-        study.set_user_attr("metric_noise", noise)
+        return {
+            "baseline_config": baseline.to_dict(),
+            "baseline_throughput": rates[0],
+            "reference_metric": metrics[0],
+            "reference_metrics": metrics,
+            "reference_throughputs": rates,
+            "reference_measurement": first,
+            "metric_noise": (max(real) - min(real)) if len(real) >= 2 else 0.0,
+        }
 
     # -- trials ----------------------------------------------------------------------------------
-    def _logdir(self, study: optuna.Study) -> Path:
-        return study_dir(study.study_name, self.studies_dir) / "logs"
+    def _logdir(self) -> Path:
+        return study_dir(self.study_name, self.studies_dir) / "logs"
 
     def _accuracy_loss(self, study: optuna.Study, metric: Optional[float]) -> float:
         reference = study.user_attrs.get("reference_metric")
@@ -249,7 +264,8 @@ class Tuner:
         study.tell(trial, [0.0, math.inf])
 
     def _finished_counts(self, study: optuna.Study) -> int:
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+        # FAIL is left out: it only marks trials whose worker died, and each is retried once.
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
     def _duplicate_of(self, study: optuna.Study, trial: optuna.Trial) -> Optional[FrozenTrial]:
         for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -258,48 +274,88 @@ class Tuner:
         return None
 
     def run(self) -> Result:
-        """Run the study to its trial budget and return what it found."""
+        """Run the study to its trial budget and return what it found.
+
+        Nothing is created in the storage until the space validates, the target imports and the fp32
+        reference has run, so bad input leaves no half-made study behind.
+        """
         started = time.monotonic()
-        caps = self.capabilities or _hardware.probe()
+        caps = self.capabilities or _hardware.probe(target=self.target)
         space = _space.restrict_to(self._load_space(caps), caps)
-        study = self._open_study(space, caps)
+        self._storage, _ = open_storage(self.storage_url, self.studies_dir, heartbeat=True)
+        study = self._load_existing(self._storage, space)
         with _Progress(self.progress, self.n_trials) as ui:
-            self._reference(study, space, ui)
+            if study is None or "reference_metrics" not in study.user_attrs:
+                reference = self._reference(space, ui)
+                if study is None:
+                    study = self._create(self._storage, space, caps, reference)
+                else:
+                    for key, value in reference.items():
+                        study.set_user_attr(key, value)
             ui.set_best(_best_record(study))
-            while self._finished_counts(study) < self.n_trials:
+            while True:
+                self._recover_stale(study)
+                if self._finished_counts(study) >= self.n_trials:
+                    break
                 if self.timeout is not None and time.monotonic() - started > self.timeout:
                     break
                 if len(_distinct_configs(study)) >= space.size:
                     ui.status("every config of the space has been measured")
                     break
-                trial = study.ask()
-                config = space.sample(trial)
-                ui.start_trial(trial.number, self._finished_counts(study) + 1, config)
-                duplicate = self._duplicate_of(study, trial)
-                try:
-                    if duplicate is not None:
-                        # The sampler proposed a measured config again: reuse it rather than spend a run.
-                        trial.set_user_attr("duplicate_of", duplicate.number)
-                        self._copy(study, trial, duplicate)
-                    else:
-                        outcome = run_isolated(
-                            self._spec(config, space.budget, self.seed, space.baseline),
-                            workdir=self._logdir(study) / f"trial-{trial.number}",
-                            timeout=self.trial_timeout,
-                        )
-                        self._tell(study, trial, config, outcome)
-                except BaseException:
-                    study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
-                    raise
-                ui.end_trial(study.trials[trial.number])
-                ui.set_best(_best_record(study))
+                self._run_one(study, space, ui)
             if self.top_k > 1:
                 self._confirm_top_k(study, space, ui)
             if self.confirm_samples:
                 self._confirm(study, space, ui)
-        result = summarize_study(study, storage_url=self.storage_url or str(self.studies_dir / "autotune.db"))
+        result = summarize_study(study, storage_url=mask_url(self.storage_url or default_storage_url(self.studies_dir)))
         path = write_best_config(study, result, self.studies_dir)
         return _with_path(result, path)
+
+    def _run_one(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
+        trial = study.ask()
+        trial.set_user_attr("worker", _worker_id())
+        trial.set_user_attr("hostname", socket.gethostname())
+        config = space.sample(trial)
+        ui.start_trial(trial.number, self._finished_counts(study) + 1, config)
+        duplicate = self._duplicate_of(study, trial)
+        try:
+            if duplicate is not None:
+                # The sampler proposed a measured config again: reuse it rather than spend a run.
+                trial.set_user_attr("duplicate_of", duplicate.number)
+                self._copy(study, trial, duplicate)
+            else:
+                with _Heartbeat(self._storage, trial._trial_id):
+                    outcome = run_isolated(
+                        self._spec(config, space.budget, self.seed, space.baseline),
+                        workdir=self._logdir() / f"trial-{trial.number}",
+                        timeout=self.trial_timeout,
+                    )
+                self._tell(study, trial, config, outcome)
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
+            raise
+        ui.end_trial(study.trials[trial.number])
+        ui.set_best(_best_record(study))
+
+    def _recover_stale(self, study: optuna.Study) -> None:
+        """Fail RUNNING trials whose worker is gone, and run each such config once more.
+
+        A worker on this host is gone when its process no longer exists (a SIGKILLed tuner); workers on
+        other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages).
+        """
+        optuna.storages.fail_stale_trials(study)  # heartbeat storages; their callback re-enqueues
+        host = socket.gethostname()
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            worker = trial.user_attrs.get("worker", "")
+            if not worker.startswith(f"{host}:") or _worker_alive(worker):
+                continue
+            try:
+                self._storage.set_trial_user_attr(trial._trial_id, "failure", f"stale: worker {worker} is gone")
+                self._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # another process got there first
+            if "retry_of" not in trial.user_attrs and trial.params:
+                study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
     def _copy(self, study: optuna.Study, trial: optuna.Trial, old: FrozenTrial) -> None:
         for key, value in old.user_attrs.items():
@@ -327,7 +383,7 @@ class Tuner:
                 ui.status(f"top-{len(ranked)} confirmation round {round_index + 1}: #{record.number}")
                 outcome = run_isolated(
                     self._spec(record.config, space.budget, self.seed, space.baseline),
-                    workdir=self._logdir(study) / f"confirm-{record.number}-{round_index}",
+                    workdir=self._logdir() / f"confirm-{record.number}-{round_index}",
                     timeout=self.trial_timeout,
                 )
                 if outcome.ok and outcome.measurement is not None:
@@ -352,7 +408,7 @@ class Tuner:
             ui.status(f"confirmation: {role} for {budget.samples} samples")
             outcome = run_isolated(
                 self._spec(config, budget, self.seed, space.baseline),
-                workdir=self._logdir(study) / f"confirm-{role}",
+                workdir=self._logdir() / f"confirm-{role}",
                 timeout=self.trial_timeout * max(1.0, budget.samples / space.budget.samples),
             )
             report[role] = outcome.to_dict()
@@ -518,3 +574,57 @@ class _Progress:
         config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
         self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}")
         self._progress.advance(self._task)
+
+
+# -- worker liveness --------------------------------------------------------------------------------
+def _process_start(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _worker_id() -> str:
+    """host:pid:process-start-time, so a reused pid is not taken for the same worker."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+def _worker_alive(worker: str) -> bool:
+    _, pid, start = worker.rsplit(":", 2)
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return not start or _process_start(int(pid)) == start
+
+
+class _Heartbeat:
+    """Records Optuna heartbeats for a running trial where the storage keeps them."""
+
+    def __init__(self, storage: Any, trial_id: int) -> None:
+        self.storage, self.trial_id = storage, trial_id
+        self.interval = getattr(storage, "heartbeat_interval", None) if hasattr(storage, "record_heartbeat") else None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.storage.record_heartbeat(self.trial_id)
+            except Exception:
+                return
+
+    def __enter__(self) -> "_Heartbeat":
+        if self.interval:
+            self.storage.record_heartbeat(self.trial_id)
+            self._thread = threading.Thread(target=self._loop, name="autotune-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--storage")
     dash.add_argument("--studies-dir", default="studies")
     dash.add_argument("--port", type=int, default=8080)
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     return parser
 
 
@@ -130,7 +131,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
     if result.removed_knobs:
         console.print("Removed by the capability probe: " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
     console.print(f"Best config written to {result.best_config_path}")
-    url = storage or f"sqlite:///{Path(studies_dir) / 'autotune.db'}"
+    from autotune._storage import default_storage_url, mask_url
+
+    url = mask_url(storage or default_storage_url(Path(studies_dir)))
     console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
 
 
@@ -172,19 +175,26 @@ def _spaces(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    import shutil
+    import importlib.util
     import subprocess
 
-    from autotune._storage import default_storage_url
+    from autotune._storage import default_storage_url, mask_url, open_storage
 
     url = args.storage or default_storage_url(Path(args.studies_dir))
-    exe = shutil.which("optuna-dashboard")
-    if exe is None:
-        raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
-    print(f"optuna-dashboard on http://127.0.0.1:{args.port}/ for {url} (Ctrl-C to stop)", flush=True)
-    return subprocess.call([exe, url, "--host", "127.0.0.1", "--port", str(args.port)])
+    open_storage(url, Path(args.studies_dir))  # refuses unknown schemes and unreachable servers in one line
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
+    if args.host in ("0.0.0.0", "::"):
+        print(f"autotune: warning: binding to {args.host} exposes the dashboard, which can edit studies, "
+              "to every network this machine is on", file=sys.stderr)
+    artifacts = Path(args.studies_dir) / "artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
+    command = [sys.executable, "-c", "from optuna_dashboard._cli import main; main()", url,
+               "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts)]
+    return subprocess.call(command)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
