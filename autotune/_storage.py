@@ -20,8 +20,6 @@ def default_storage_url(studies_dir: Path = DEFAULT_STUDIES_DIR) -> str:
 
 
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
-HEARTBEAT_INTERVAL = 10  # seconds between heartbeats of a running trial (RDB storages)
-GRACE_PERIOD = 60  # a RUNNING trial without a heartbeat this long is stale
 
 
 def mask_url(url: str) -> str:
@@ -38,15 +36,15 @@ def _enable_sqlite_wal(path: Path) -> None:
 
 
 def open_storage(
-    url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR, *, heartbeat: bool = False
+    url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR, *, grace_period: Optional[int] = None
 ) -> tuple[Any, str]:
     """Open an Optuna storage from a URL; ``None`` means ``studies/autotune.db``.
 
     ``journal:PATH`` opens a journal file (several processes on one host).
 
     Args:
-        heartbeat: Record heartbeats for running trials (RDB storages), so that a trial whose worker
-            died is failed after ``GRACE_PERIOD`` seconds and its config is retried once.
+        grace_period: Keep heartbeats of running trials (RDB storages): a trial without one for this
+            many seconds is failed and its config retried once. ``None`` keeps no heartbeats.
 
     Returns:
         The storage object and its URL with any password masked (for messages and files).
@@ -76,10 +74,10 @@ def open_storage(
             # Wait for a lock instead of failing at once when a dashboard or a second worker writes.
             engine_kwargs = {"connect_args": {"timeout": 60}}
         options: dict[str, Any] = {}
-        if heartbeat:
+        if grace_period is not None:
             options = {
-                "heartbeat_interval": HEARTBEAT_INTERVAL,
-                "grace_period": GRACE_PERIOD,
+                "heartbeat_interval": max(1, grace_period // 6),
+                "grace_period": grace_period,
                 "failed_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
             }
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)

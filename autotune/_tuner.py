@@ -57,6 +57,11 @@ class Tuner:
         seed: Seed of the data order, the model initialisation and the sampler.
         sampler: An Optuna sampler; defaults to TPE with constraints, seeded.
         progress: Show a progress bar.
+        grace_period: On RDB storages, seconds without a heartbeat after which another worker's
+            running trial is failed and its config retried once.
+        mode: ``"tune"`` creates or resumes the study and runs trials; ``"create"`` only creates it
+            (with the reference run) for workers to join; ``"join"`` joins an existing study as one
+            more worker, taking the space and trial budget from the study.
     """
 
     def __init__(
@@ -82,6 +87,8 @@ class Tuner:
         progress: bool = True,
         capabilities: Optional[_hardware.Capabilities] = None,
         default_spaces: tuple[str, str] = ("cpu_default", "gpu_default"),
+        mode: str = "tune",
+        grace_period: int = 60,
     ) -> None:
         self.target = train_fn if isinstance(train_fn, str) else target_of(train_fn)
         if n_trials < 1:
@@ -111,6 +118,10 @@ class Tuner:
         self.progress = progress
         self.capabilities = capabilities
         self.default_spaces = default_spaces
+        if mode not in ("tune", "create", "join"):
+            raise ValueError("mode must be 'tune', 'create' or 'join'")
+        self.mode = mode
+        self.grace_period = grace_period
 
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
@@ -139,6 +150,19 @@ class Tuner:
             )
         return study
 
+    def _join(self) -> optuna.Study:
+        if not study_exists(self._storage, self.study_name):
+            raise StudyError(
+                f"no study {self.study_name!r} to join; create it with `autotune tune ... --create-only` "
+                "or start the first worker with `autotune tune`"
+            )
+        study = optuna.load_study(study_name=self.study_name, storage=self._storage, sampler=self._sampler())
+        if "space" not in study.user_attrs:
+            raise StudyError(f"study {self.study_name!r} was not created by autotune")
+        if study.user_attrs.get("target") not in (None, self.target):
+            raise StudyError(f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}")
+        return study
+
     def _create(self, storage: Any, space: _space.SearchSpace, caps: _hardware.Capabilities,
                 reference: dict[str, Any]) -> optuna.Study:
         try:
@@ -164,6 +188,7 @@ class Tuner:
             "metric_direction": self.metric_direction,
             "max_accuracy_loss": self.max_accuracy_loss,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "n_trials": self.n_trials,
             **reference,
         }
         for key, value in attrs.items():
@@ -172,7 +197,10 @@ class Tuner:
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
         # TPE reads the constraints each trial sets with trial.set_constraint.
-        return self.sampler or optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=5, multivariate=True)
+        # constant_liar keeps concurrent workers from proposing the config another worker is running.
+        return self.sampler or optuna.samplers.TPESampler(
+            seed=None if self.mode == "join" else self.seed, n_startup_trials=5, multivariate=True, constant_liar=True
+        )
 
     def _spec(self, config: TrialConfig, budget: Budget, seed: int, baseline: TrialConfig) -> TrialSpec:
         return TrialSpec(
@@ -267,6 +295,9 @@ class Tuner:
         # FAIL is left out: it only marks trials whose worker died, and each is retried once.
         return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
+    def _live_counts(self, study: optuna.Study) -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)))
+
     def _duplicate_of(self, study: optuna.Study, trial: optuna.Trial) -> Optional[FrozenTrial]:
         for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if old.number != trial.number and old.params == trial.params and "config" in old.user_attrs:
@@ -281,9 +312,16 @@ class Tuner:
         """
         started = time.monotonic()
         caps = self.capabilities or _hardware.probe(target=self.target)
-        space = _space.restrict_to(self._load_space(caps), caps)
-        self._storage, _ = open_storage(self.storage_url, self.studies_dir, heartbeat=True)
-        study = self._load_existing(self._storage, space)
+        self._storage, _ = open_storage(self.storage_url, self.studies_dir, grace_period=self.grace_period)
+        self._identity = _device_identity(caps)
+        if self.mode == "join":
+            study = self._join()
+            space = _space.parse_space(study.user_attrs["space"], where=f"study {self.study_name}", name=self.study_name)
+            space = _space.restrict_to(space, caps)
+            self.n_trials = int(study.user_attrs.get("n_trials", self.n_trials))
+        else:
+            space = _space.restrict_to(self._load_space(caps), caps)
+            study = self._load_existing(self._storage, space)
         with _Progress(self.progress, self.n_trials) as ui:
             if study is None or "reference_metrics" not in study.user_attrs:
                 reference = self._reference(space, ui)
@@ -292,18 +330,24 @@ class Tuner:
                 else:
                     for key, value in reference.items():
                         study.set_user_attr(key, value)
+            if self.mode == "create":
+                return summarize_study(study, storage_url=mask_url(self.storage_url or default_storage_url(self.studies_dir)))
             ui.set_best(_best_record(study))
             while True:
                 self._recover_stale(study)
                 if self._finished_counts(study) >= self.n_trials:
                     break
+                if self._live_counts(study) >= self.n_trials:
+                    ui.status("waiting for the trials other workers are running")
+                    time.sleep(2.0)
+                    continue
                 if self.timeout is not None and time.monotonic() - started > self.timeout:
                     break
                 if len(_distinct_configs(study)) >= space.size:
                     ui.status("every config of the space has been measured")
                     break
                 self._run_one(study, space, ui)
-            if self.top_k > 1:
+            if self.top_k > 1 and self.mode == "tune":
                 self._confirm_top_k(study, space, ui)
             if self.confirm_samples:
                 self._confirm(study, space, ui)
@@ -314,8 +358,16 @@ class Tuner:
     def _run_one(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
         trial = study.ask()
         trial.set_user_attr("worker", _worker_id())
-        trial.set_user_attr("hostname", socket.gethostname())
+        for key, value in self._identity.items():
+            trial.set_user_attr(key, value)
         config = space.sample(trial)
+        surplus = self._surplus_reason(study, trial)
+        if surplus:
+            # Another worker took the last place in the budget, or is running this very config.
+            trial.set_user_attr("failure", surplus)
+            study.tell(trial, state=TrialState.FAIL)
+            time.sleep(0.5)
+            return
         ui.start_trial(trial.number, self._finished_counts(study) + 1, config)
         duplicate = self._duplicate_of(study, trial)
         try:
@@ -336,6 +388,16 @@ class Tuner:
             raise
         ui.end_trial(study.trials[trial.number])
         ui.set_best(_best_record(study))
+
+    def _surplus_reason(self, study: optuna.Study, trial: optuna.Trial) -> str:
+        live = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        ahead = [t for t in live if t.number < trial.number]
+        if len(ahead) >= self.n_trials:
+            return "surplus: the trial budget was reached by other workers"
+        for other in ahead:
+            if other.state == TrialState.RUNNING and other.params == trial.params:
+                return f"surplus: trial {other.number} is running the same config"
+        return ""
 
     def _recover_stale(self, study: optuna.Study) -> None:
         """Fail RUNNING trials whose worker is gone, and run each such config once more.
@@ -628,3 +690,16 @@ class _Heartbeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def _device_identity(caps: _hardware.Capabilities) -> dict[str, str]:
+    """Which host and device this worker's trials run on, so different GPUs are never compared as equals."""
+    identity = {"hostname": socket.gethostname()}
+    if caps.cuda:
+        nvml = _hardware.nvml_identity(_hardware._visible_index(0))
+        identity["gpu_name"] = nvml.get("gpu_name", caps.gpu_name)
+        identity["gpu_uuid"] = nvml.get("gpu_uuid", "")
+        identity["device"] = identity["gpu_name"]
+    else:
+        identity["device"] = f"cpu ({caps.cpu_count} cores)"
+    return identity

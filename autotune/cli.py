@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -42,9 +43,13 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="CPU only: address space a trial may add, so a too-large batch fails as oom")
     p.add_argument("--confirm-samples", type=_positive_int,
                    help="after the search, train the best config and the reference this long")
+    p.add_argument("--top-k", type=int, default=3,
+                   help="re-measure the K fastest configs in alternation before declaring the best (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--studies-dir", default="studies", help="where outputs go (default studies/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--grace-period", type=_positive_int, default=60,
+                   help="seconds without a heartbeat before another worker's running trial counts as dead (default 60)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="tune a training function")
     tune.add_argument("target", metavar="PATH_OR_MODULE:FUNC", help="e.g. examples/cifar_cnn.py:train")
     _add_study_options(tune, trials=20)
+    tune.add_argument("--create-only", action="store_true",
+                      help="create the study (and run the fp32 reference) for `autotune worker`s to join")
+    tune.add_argument("--gpus", help="run one worker per GPU: a list such as 0,1 or 'all'")
+    tune.add_argument("--workers", type=_positive_int, help="run this many worker processes (no GPU pinning)")
+
+    worker = sub.add_parser("worker", help="join an existing study as one more worker")
+    worker.add_argument("target", metavar="PATH_OR_MODULE:FUNC")
+    worker.add_argument("--study", required=True)
+    worker.add_argument("--storage", required=True, help="the study's storage URL (postgresql://..., journal:PATH, ...)")
+    worker.add_argument("--trial-timeout", type=_positive_float, default=600.0)
+    worker.add_argument("--memory-limit", type=_positive_float, metavar="GIB")
+    worker.add_argument("--grace-period", type=_positive_int, default=60)
+    worker.add_argument("--studies-dir", default="studies")
+    worker.add_argument("--no-progress", action="store_true")
 
     demo = sub.add_parser("demo", help="tune the built-in demo workload (small CNN on CPU, ResNet-50 on GPU)")
     _add_study_options(demo, trials=8)
@@ -75,29 +94,95 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _tune(args: argparse.Namespace, target: str) -> int:
+def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None) -> Any:
     from autotune._tuner import Tuner
 
     demo = target == DEMO_TARGET
-    tuner = Tuner(
+    return Tuner(
         target,
-        space=args.space,
+        space=getattr(args, "space", None),
         default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
-        n_trials=args.trials,
-        timeout=args.timeout,
+        n_trials=getattr(args, "trials", 20),
+        timeout=getattr(args, "timeout", None),
         study_name=args.study or ("demo" if demo else None),
-        storage=args.storage,
-        max_accuracy_loss=args.max_accuracy_loss,
-        metric_direction=args.metric_direction,
+        storage=storage or args.storage,
+        max_accuracy_loss=getattr(args, "max_accuracy_loss", 0.01),
+        metric_direction=getattr(args, "metric_direction", "maximize"),
         trial_timeout=args.trial_timeout,
         memory_limit_gib=args.memory_limit,
-        confirm_samples=args.confirm_samples,
+        confirm_samples=getattr(args, "confirm_samples", None),
         studies_dir=args.studies_dir,
-        seed=args.seed,
+        seed=getattr(args, "seed", 0),
+        top_k=getattr(args, "top_k", 3),
         progress=not args.no_progress,
+        grace_period=args.grace_period,
+        mode=mode,
     )
-    result = tuner.run()
+
+
+def _tune(args: argparse.Namespace, target: str) -> int:
+    workers = _worker_envs(args)
+    if args.create_only or workers:
+        storage = args.storage
+        if workers and storage is None:
+            # Several processes on one SQLite file contend for its lock; a journal file is made for this.
+            storage = f"journal:{Path(args.studies_dir) / 'autotune.journal'}"
+            print(f"autotune: {len(workers)} workers: using the journal storage {storage}", file=sys.stderr)
+        result = _tuner(args, target, mode="create", storage=storage).run()
+        if args.create_only:
+            print(f"created study {result.study_name} in {result.storage}; "
+                  f"join it with: autotune worker {target} --study {result.study_name} --storage {result.storage}")
+            return 0
+        _run_workers(args, target, result.study_name, storage, workers)
+        if args.gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = workers[0]["CUDA_VISIBLE_DEVICES"]
+        args.storage, args.study = storage, result.study_name
+    result = _tuner(args, target).run()
     print_summary(result, storage=args.storage, studies_dir=args.studies_dir)
+    return 0
+
+
+def _worker_envs(args: argparse.Namespace) -> list[dict[str, str]]:
+    if getattr(args, "gpus", None):
+        if args.gpus == "all":
+            from autotune._hardware import probe
+
+            count = probe().gpu_count
+            if count == 0:
+                raise AutotuneError("--gpus all: no CUDA GPU is visible")
+            ids = [str(i) for i in range(count)]
+        else:
+            ids = [g.strip() for g in args.gpus.split(",") if g.strip()]
+            if not ids or not all(g.isdigit() for g in ids):
+                raise AutotuneError(f"--gpus {args.gpus}: expected a list of GPU indices such as 0,1, or 'all'")
+        return [{"CUDA_VISIBLE_DEVICES": g} for g in ids]
+    return [{} for _ in range(getattr(args, "workers", None) or 0)]
+
+
+def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str, envs: list[dict[str, str]]) -> None:
+    import subprocess
+
+    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study, "--storage", storage,
+               "--trial-timeout", str(args.trial_timeout), "--grace-period", str(args.grace_period),
+               "--studies-dir", args.studies_dir, "--no-progress"]
+    if args.memory_limit:
+        command += ["--memory-limit", str(args.memory_limit)]
+    procs = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        raise
+    if any(codes):
+        print(f"autotune: warning: worker exit codes {codes}", file=sys.stderr)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    result = _tuner(args, args.target, mode="join").run()
+    best = result.best
+    print(f"worker done: study {result.study_name}, best so far "
+          + (f"{best.throughput:,.1f}/s ({best.config.describe()})" if best else "none"))
     return 0
 
 
@@ -206,7 +291,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "tune":
             return _tune(args, args.target)
         if args.command == "demo":
+            args.create_only, args.gpus, args.workers = False, None, None
             return _tune(args, DEMO_TARGET)
+        if args.command == "worker":
+            return _worker(args)
         if args.command == "best":
             return _best(args)
         if args.command == "spaces":

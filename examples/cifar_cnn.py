@@ -1,9 +1,9 @@
 """An example workload in the shape of a user's own training script.
 
-    autotune tune examples/cifar_cnn.py:train --space search_spaces/example_cifar_cnn.yaml --memory-limit 1.5
+    autotune tune examples/cifar_cnn.py:train --space search_spaces/example_cifar_cnn.yaml --memory-limit 0.5
 
 A CIFAR-shaped (3x32x32, 10 classes) CNN on synthetic data, fed through the DataLoader. The space
-includes batch 4096, which needs more memory than the limit allows: that trial fails as `oom`,
+includes batch 1024, which needs more memory than the limit allows: that trial fails as `oom`,
 is recorded as infeasible, and the study goes on.
 """
 
@@ -15,16 +15,16 @@ from autotune.demo import evaluate, synthetic_images
 
 def make_model() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
     )
 
 
 def train(ctx) -> None:
     torch.manual_seed(ctx.seed)
-    train_x, train_y = synthetic_images(8192, 32, seed=ctx.seed)
+    train_x, train_y = synthetic_images(4096, 32, seed=ctx.seed)
     test_x, test_y = synthetic_images(1024, 32, seed=10_000)
 
     model = ctx.model(make_model())
