@@ -178,8 +178,31 @@ def execute(spec: TrialSpec) -> TrialOutcome:
         return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
 
 
-def _child(spec: TrialSpec, result_path: str, log_path: str) -> None:
+def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
+    """Kill this trial's process group once the coordinator is gone.
+
+    A trial must not outlive a SIGKILLed tuner and hold the GPU. Its parent is the forkserver, which
+    itself lives as long as any trial holds its liveness pipe, so a parent-death signal would never
+    fire: poll the coordinator instead.
+    """
+    import threading
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.killpg(0, signal.SIGKILL)
+            except PermissionError:
+                pass
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="autotune-coordinator-watch", daemon=True).start()
+
+
+def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int) -> None:
     os.setsid()  # own process group: the parent kills it whole, DataLoader workers included
+    _die_with_coordinator(coordinator)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -243,7 +266,7 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float) -> TrialOutc
     for stale in (result_path, log_path):
         stale.unlink(missing_ok=True)
     start = time.perf_counter()
-    proc = _mp_context().Process(target=_child, args=(spec, str(result_path), str(log_path)), daemon=False)
+    proc = _mp_context().Process(target=_child, args=(spec, str(result_path), str(log_path), os.getpid()), daemon=False)
     proc.start()
     assert proc.pid is not None
     proc.join(timeout)

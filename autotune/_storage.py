@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -74,13 +75,15 @@ def open_storage(
             # Wait for a lock instead of failing at once when a dashboard or a second worker writes.
             engine_kwargs = {"connect_args": {"timeout": 60}}
         options: dict[str, Any] = {}
-        if grace_period is not None:
-            options = {
-                "heartbeat_interval": max(1, grace_period // 6),
-                "grace_period": grace_period,
-                "failed_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-            }
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if grace_period is not None:
+                options = {
+                    "heartbeat_interval": max(1, grace_period // 6),
+                    "grace_period": grace_period,
+                    "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+                }
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
     except ImportError as exc:
         raise StudyError(
             f"{mask_url(url)}: a driver is missing ({exc.name}); for PostgreSQL install autotune[postgres]"

@@ -1,0 +1,41 @@
+"""Workloads for the scale-out and reliability tests: a tiny linear model, with ways to stall."""
+
+import os
+import time
+
+import torch
+from torch import nn
+
+SLOW_BATCH = 48  # the config that stalls in `train_stalls`, so a test can kill its worker mid-trial
+
+
+def _data(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(512, 8, generator=gen)
+    y = (x.sum(dim=1) > 0).long()
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def train(ctx) -> None:
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(8, 2))
+    params = list(model.parameters())
+    step_fn = nn.CrossEntropyLoss()
+    for x, y in ctx.batches(ctx.loader(_data(ctx.seed))):
+        loss = step_fn(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p -= 0.1 * p.grad
+                p.grad = None
+    with torch.no_grad():
+        x, y = _data(99).tensors
+        ctx.report_metric((model(x).argmax(1) == y).float().mean().item())
+
+
+def train_stalls(ctx) -> None:
+    if ctx.config.batch_size == SLOW_BATCH and os.environ.get("AUTOTUNE_TEST_STALL"):
+        with open(os.environ["AUTOTUNE_TEST_STALL"], "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(3600)
+    train(ctx)
