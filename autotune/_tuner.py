@@ -421,7 +421,7 @@ class Tuner:
 
     def _copy(self, study: optuna.Study, trial: optuna.Trial, old: FrozenTrial) -> None:
         for key, value in old.user_attrs.items():
-            if key != "duplicate_of":
+            if key not in ("duplicate_of", "retry_of", "worker"):
                 trial.set_user_attr(key, value)
         for key, value in old.constraints.items():
             trial.set_constraint(key, value)

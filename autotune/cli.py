@@ -261,7 +261,6 @@ def _spaces(args: argparse.Namespace) -> int:
 
 def _dashboard(args: argparse.Namespace) -> int:
     import importlib.util
-    import subprocess
 
     from autotune._storage import default_storage_url, mask_url, open_storage
 
@@ -279,7 +278,9 @@ def _dashboard(args: argparse.Namespace) -> int:
     print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
     command = [sys.executable, "-c", "from optuna_dashboard._cli import main; main()", url,
                "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts)]
-    return subprocess.call(command)
+    sys.stdout.flush()
+    os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

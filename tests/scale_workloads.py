@@ -39,3 +39,18 @@ def train_stalls(ctx) -> None:
             fh.write(f"{os.getpid()}\n")
         time.sleep(3600)
     train(ctx)
+
+
+def train_stalls_once(ctx) -> None:
+    """Stalls in the first non-baseline trial only (a marker file remembers), so a test can kill the tuner."""
+    marker = os.environ.get("AUTOTUNE_TEST_STALL_ONCE")
+    if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
+        with open(marker, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(3600)
+    train(ctx)
+
+
+def returns_text(ctx) -> str:
+    train(ctx)
+    return "done"

@@ -1,0 +1,166 @@
+"""Reliability: a killed tuner resumes, SQLite is shared, bad input is refused, secrets stay masked."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.test_scaleout import SPACE, TARGET, _gone
+
+HERE = Path(__file__).resolve().parent
+STALLS_ONCE = f"{HERE / 'scale_workloads.py'}:train_stalls_once"
+
+
+def _cmd(*args):
+    return [sys.executable, "-m", "autotune", *args]
+
+
+@pytest.fixture
+def space(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return path
+
+
+def test_sigkilled_tuner_resumes_and_retries_the_orphan_once(space, tmp_path):
+    marker = tmp_path / "stalled.pid"
+    db = tmp_path / "a.db"
+    command = _cmd("tune", STALLS_ONCE, "--space", str(space), "--storage", f"sqlite:///{db}", "--study", "s",
+                   "--trials", "5", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--top-k", "0")
+    env = {**os.environ, "AUTOTUNE_TEST_STALL_ONCE": str(marker)}
+    tuner = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while not marker.exists():
+        assert time.time() < deadline and tuner.poll() is None, tuner.communicate()[1]
+        time.sleep(0.3)
+    trial_pid = int(marker.read_text())
+    before = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+    done_before = {t.number: t.values for t in before.trials if t.state == TrialState.COMPLETE}
+    reference_before = before.user_attrs["reference_metrics"]
+    tuner.send_signal(signal.SIGKILL)
+    tuner.wait()
+    assert _gone(trial_pid), "the trial outlived the killed tuner"
+    running = [t for t in optuna.load_study(study_name="s", storage=f"sqlite:///{db}").trials
+               if t.state == TrialState.RUNNING]
+    assert len(running) == 1
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert [t.number for t in failed] == [running[0].number]
+    assert failed[0].user_attrs["failure"].startswith("stale")
+    retries = [t for t in study.trials if t.user_attrs.get("retry_of") == failed[0].number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == failed[0].params
+    complete = {t.number: t.values for t in study.trials if t.state == TrialState.COMPLETE}
+    assert len(complete) == 5
+    for number, values in done_before.items():  # nothing finished before the kill was lost or redone
+        assert complete[number] == values
+    assert study.user_attrs["reference_metrics"] == reference_before
+
+
+def test_concurrent_tuners_and_dashboard_share_sqlite(space, tmp_path):
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
+    studies = tmp_path / "studies"
+    first = subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", url, "--study", "s0",
+                                "--trials", "1", "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dashboard = subprocess.Popen(_cmd("dashboard", "--storage", url, "--port", str(port), "--studies-dir", str(studies)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tuners = [
+        subprocess.Popen(_cmd("tune", TARGET, "--space", str(space), "--storage", url, "--study", f"s{i}",
+                              "--trials", "3", "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in (1, 2, 3)
+    ]
+    reads = 0
+    try:
+        while any(t.poll() is None for t in tuners):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
+                    assert response.status == 200
+                    json.loads(response.read())
+                    reads += 1
+            except OSError:
+                pass  # the dashboard is still starting
+            time.sleep(0.2)
+        outputs = [t.communicate() for t in tuners]
+    finally:
+        dashboard.terminate()
+        dash_out = dashboard.communicate(timeout=30)[0]
+    assert reads > 0, dash_out
+    for tuner, (out, err) in zip(tuners, outputs):
+        assert tuner.returncode == 0, err
+        assert "database is locked" not in err
+    assert "database is locked" not in dash_out
+    for i in (1, 2, 3):
+        study = optuna.load_study(study_name=f"s{i}", storage=url)
+        assert len([t for t in study.trials if t.state == TrialState.COMPLETE]) == 3
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["tune", TARGET, "--storage", "redis://127.0.0.1/0"], "unknown scheme 'redis'"),
+        (["tune", f"{HERE / 'scale_workloads.py'}:nope"], "has no function 'nope'"),
+        (["tune", "no.such.module:train"], "cannot import module 'no'"),
+        (["tune", f"{HERE / 'scale_workloads.py'}:returns_text"], "train_fn returned a str"),
+    ],
+)
+def test_malformed_input_is_one_line_and_creates_nothing(args, expected, space, tmp_path):
+    studies = tmp_path / "studies"
+    if "--storage" not in args:
+        args = [*args, "--storage", f"sqlite:///{tmp_path}/x.db"]
+    proc = subprocess.run(_cmd(*args, "--space", str(space), "--studies-dir", str(studies), "--no-progress"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert expected in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    db = tmp_path / "x.db"
+    if db.exists():
+        assert optuna.get_all_study_summaries(f"sqlite:///{db}") == []
+
+
+def test_password_in_storage_url_is_masked(space, tmp_path):
+    url = "postgresql+psycopg://autotune_nobody:hunter2secret@127.0.0.1:5432/no_such_db"
+    proc = subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", url,
+                               "--studies-dir", str(tmp_path), "--no-progress"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "hunter2secret" not in proc.stderr + proc.stdout
+    assert "***" in proc.stderr
+
+
+def test_dashboard_warns_when_bound_to_all_interfaces(tmp_path, space):
+    url = f"sqlite:///{tmp_path}/d.db"
+    subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", url, "--trials", "1",
+                        "--studies-dir", str(tmp_path), "--no-progress", "--top-k", "0"), check=True,
+                   capture_output=True, timeout=300)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dashboard = subprocess.Popen(_cmd("dashboard", "--storage", url, "--host", "0.0.0.0", "--port", str(port),
+                                      "--studies-dir", str(tmp_path)),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+    finally:
+        dashboard.terminate()
+        out, err = dashboard.communicate(timeout=30)
+    assert "warning: binding to 0.0.0.0" in err
