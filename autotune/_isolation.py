@@ -203,9 +203,17 @@ def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
 def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int) -> None:
     os.setsid()  # own process group: the parent kills it whole, DataLoader workers included
     _die_with_coordinator(coordinator)
+    if sys.platform.startswith("linux"):
+        # A forkserver child inherits "forkserver" as its default start method; the user's DataLoader
+        # workers would then have to unpickle a dataset defined in a file loaded by path. Give the
+        # trial the platform's usual default instead.
+        multiprocessing.set_start_method("fork", force=True)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    import faulthandler
+
+    faulthandler.enable()  # a segfault or abort leaves its Python stack in the log
     if spec.env:
         os.environ.update(spec.env)
     outcome = execute(spec)

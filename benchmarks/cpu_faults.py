@@ -1,0 +1,52 @@
+"""CPU faults in real trial processes, each followed by a normal trial, for benchmarks/results/faults.md.
+
+    python -m benchmarks.cpu_faults OUT.md
+"""
+
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+from autotune import Budget, TrialConfig
+from autotune._isolation import TrialSpec, run_isolated
+
+HERE = Path(__file__).parent
+WORKLOADS = HERE / "cpu_fault_workloads.py"
+FAULTS = ["oom_torch", "oom_cuda_message", "oom_cudnn_message", "segfault", "abort", "hang", "loader_worker_hang", "nan"]
+
+
+def main(out: Path) -> None:
+    budget = Budget(samples=4096, warmup_steps=1, windows=3)
+    config = TrialConfig(batch_size=64, num_workers=1)
+
+    def run(fn: str, tag: str, timeout: float = 60):
+        return run_isolated(TrialSpec(f"{WORKLOADS}:{fn}", config, budget), workdir=out.parent / "logs" / tag,
+                            timeout=timeout)
+
+    fresh = run("train", "fresh").measurement
+    rows = [f"| (fresh trial) | ok | | {fresh.throughput:,.0f} | | {fresh.spread * 100:.0f}% |"]
+    for fault in FAULTS:
+        o = run(fault, fault, timeout=15)
+        after = run("train", f"after-{fault}")
+        m = after.measurement
+        detail = o.error if not o.signal else f"{o.error}; stderr tail: {o.stderr_tail.strip().splitlines()[-1][:60] if o.stderr_tail.strip() else ''}"
+        rows.append(f"| {fault} | {o.status} | {detail[:110]} | {m.throughput:,.0f} ({after.status}) | "
+                    f"{m.throughput / fresh.throughput * 100 - 100:+.1f}% | {m.spread * 100:.0f}% |")
+        print(rows[-1], flush=True)
+    text = "\n".join([
+        f"Date {datetime.date.today()}; CPU, {os.cpu_count()} cores; Python {platform.python_version()}. "
+        "Normal trial: a linear model, batch 64, one loader worker, 4,096 samples, median of 3 windows; "
+        "fault trials have a 15 s limit.",
+        "",
+        "| fault | recorded class | error | next trial samples/s (status) | vs fresh | next trial's window spread |",
+        "|---|---|---|---:|---:|---:|",
+        *rows,
+    ]) + "\n"
+    out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
