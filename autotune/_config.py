@@ -193,6 +193,7 @@ class TrialRecord:
     accuracy_loss: float
     status: str
     feasible: bool
+    device: str = ""  # which GPU model (or CPU) measured it
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ class Result:
     pareto: tuple[TrialRecord, ...]
     removed_knobs: dict[str, str]
     best_config_path: Optional[str] = None
+    best_per_device: dict[str, TrialRecord] = field(default_factory=dict)  # when workers differ in GPU model
 
     @property
     def best_config(self) -> Optional[TrialConfig]:

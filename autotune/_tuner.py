@@ -494,6 +494,7 @@ def _record(trial: FrozenTrial) -> Optional[TrialRecord]:
         accuracy_loss=trial.values[1],
         status=trial.user_attrs.get("status", "ok"),
         feasible=feasible,
+        device=trial.user_attrs.get("device", ""),
     )
 
 
@@ -537,7 +538,18 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
     pareto = tuple(
         r for r in (_record(t) for t in study.best_trials) if r is not None and r.number in feasible_numbers
     )
+    per_device: dict[str, TrialRecord] = {}
+    for record in _feasible(study):
+        if record.device not in per_device or record.throughput > per_device[record.device].throughput:
+            per_device[record.device] = record
+    if len(per_device) > 1:
+        warnings.warn(
+            f"study {study.study_name!r} has trials from {len(per_device)} device models "
+            f"({', '.join(sorted(per_device))}); their throughputs are not comparable, see best_per_device",
+            stacklevel=2,
+        )
     return Result(
+        best_per_device=per_device if len(per_device) > 1 else {},
         study_name=study.study_name,
         storage=storage_url,
         best=_best_record(study),

@@ -213,6 +213,10 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         ]
         if changed:
             console.print("Why it wins: it changes " + "; ".join(changed) + ".")
+    if result.best_per_device:
+        console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
+        for device, record in sorted(result.best_per_device.items()):
+            console.print(f"  {device}: {record.throughput:,.1f}/s  {record.config.describe()} (trial #{record.number})")
     if result.removed_knobs:
         console.print("Removed by the capability probe: " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
     console.print(f"Best config written to {result.best_config_path}")
