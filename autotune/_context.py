@@ -154,7 +154,12 @@ class TrialContext:
                 batch = next(iterator)
             except StopIteration:
                 iterator = iter(loader)
-                batch = next(iterator)
+                batch = next(iterator, None)
+                if batch is None:
+                    raise KnobError(
+                        f"the loader yields no batch of {self.config.batch_size} (is the dataset smaller than "
+                        "the batch? ctx.loader drops incomplete batches)"
+                    ) from None
             batch = self._move(batch)
             wait = time.perf_counter() - fetch
             yield batch

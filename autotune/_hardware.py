@@ -180,7 +180,7 @@ class GpuSampler:
     Args:
         index: NVML device index (the first visible GPU by default).
         interval: Seconds between samples.
-        nvml: An NVML module; defaults to ``pynvml`` (tests pass ``autotune.testing.FakeNvml``).
+        nvml: An object with pynvml's functions; defaults to the ``pynvml`` module.
     """
 
     READINGS = ("sm_clock_mhz", "gpu_util_pct", "mem_used_gib", "power_w", "temperature_c")

@@ -118,9 +118,10 @@ def classify_exception(exc: BaseException) -> str:
     oom_type = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
     if oom_type is not None and isinstance(exc, oom_type):
         return "oom"
-    if isinstance(exc, RuntimeError) and any(p in str(exc) for p in OOM_PATTERNS):
+    message = str(exc).lower()  # torch words these in varying case ("Unable to find a valid cuDNN ...")
+    if isinstance(exc, RuntimeError) and any(p.lower() in message for p in OOM_PATTERNS):
         return "oom"
-    if isinstance(exc, RuntimeError) and any(p in str(exc) for p in CUDA_FATAL_PATTERNS):
+    if isinstance(exc, RuntimeError) and any(p.lower() in message for p in CUDA_FATAL_PATTERNS):
         return "cuda_fatal"
     return "error"
 

@@ -118,6 +118,7 @@ class Tuner:
         self.progress = progress
         self.capabilities = capabilities
         self.default_spaces = default_spaces
+        self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
         if mode not in ("tune", "create", "join"):
             raise ValueError("mode must be 'tune', 'create' or 'join'")
         self.mode = mode
@@ -135,6 +136,7 @@ class Tuner:
         """The study if it exists, after checking that it was made with this space and target."""
         if not study_exists(storage, self.study_name):
             return None
+        self._resumed_trials = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
         study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
         old = study.user_attrs.get("space")
         if old is not None and study.user_attrs.get("space_fingerprint") != space.fingerprint:
@@ -199,7 +201,10 @@ class Tuner:
         # TPE reads the constraints each trial sets with trial.set_constraint.
         # constant_liar keeps concurrent workers from proposing the config another worker is running.
         return self.sampler or optuna.samplers.TPESampler(
-            seed=None if self.mode == "join" else self.seed, n_startup_trials=5, multivariate=True, constant_liar=True
+            seed=None if self.mode == "join" else self.seed + self._resumed_trials,
+            n_startup_trials=5,
+            multivariate=True,
+            constant_liar=True,
         )
 
     def _spec(self, config: TrialConfig, budget: Budget, seed: int, baseline: TrialConfig) -> TrialSpec:
@@ -276,7 +281,7 @@ class Tuner:
             trial.set_user_attr("accuracy_loss", loss)
             trial.set_constraint("failure", 0.0)
             trial.set_constraint("accuracy", loss - threshold)
-            study.tell(trial, [m.throughput, loss])
+            self._finish(study, trial, [m.throughput, loss])
             return
         trial.set_user_attr("failure", outcome.status)
         trial.set_user_attr("error", outcome.error)
@@ -289,7 +294,7 @@ class Tuner:
         # Infeasible, not FAIL: the sampler learns from infeasible trials and ignores failed ones.
         trial.set_constraint("failure", 1.0)
         trial.set_constraint("accuracy", 0.0)
-        study.tell(trial, [0.0, math.inf])
+        self._finish(study, trial, [0.0, math.inf])
 
     def _finished_counts(self, study: optuna.Study) -> int:
         # FAIL is left out: it only marks trials whose worker died, and each is retried once.
@@ -333,7 +338,8 @@ class Tuner:
             if self.mode == "create":
                 return summarize_study(study, storage_url=mask_url(self.storage_url or default_storage_url(self.studies_dir)))
             ui.set_best(_best_record(study))
-            while True:
+            self._sampler_done = False
+            while not self._sampler_done:
                 self._recover_stale(study)
                 if self._finished_counts(study) >= self.n_trials:
                     break
@@ -356,7 +362,10 @@ class Tuner:
         return _with_path(result, path)
 
     def _run_one(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
-        trial = study.ask()
+        with warnings.catch_warnings():
+            # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
+            warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+            trial = study.ask()
         trial.set_user_attr("worker", _worker_id())
         for key, value in self._identity.items():
             trial.set_user_attr(key, value)
@@ -384,10 +393,21 @@ class Tuner:
                     )
                 self._tell(study, trial, config, outcome)
         except BaseException:
-            study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
+            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+                study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
             raise
         ui.end_trial(study.trials[trial.number])
         ui.set_best(_best_record(study))
+
+    def _finish(self, study: optuna.Study, trial: optuna.Trial, values: Any) -> None:
+        try:
+            study.tell(trial, values)
+        except RuntimeError as exc:
+            # Exhaustive samplers (grid, brute force) call study.stop() once every config is told; outside
+            # study.optimize that raises after the trial is stored. It means: nothing left to try.
+            if "Study.stop" not in str(exc):
+                raise
+            self._sampler_done = True
 
     def _surplus_reason(self, study: optuna.Study, trial: optuna.Trial) -> str:
         live = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
@@ -405,7 +425,9 @@ class Tuner:
         A worker on this host is gone when its process no longer exists (a SIGKILLed tuner); workers on
         other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages).
         """
-        optuna.storages.fail_stale_trials(study)  # heartbeat storages; their callback re-enqueues
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # heartbeat storages; their callback re-enqueues
         host = socket.gethostname()
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             worker = trial.user_attrs.get("worker", "")
@@ -425,7 +447,7 @@ class Tuner:
                 trial.set_user_attr(key, value)
         for key, value in old.constraints.items():
             trial.set_constraint(key, value)
-        study.tell(trial, old.values)
+        self._finish(study, trial, old.values)
 
     def _confirm_top_k(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
         """Re-measure the top K configs in alternation so that drift or one lucky sample cannot crown one."""

@@ -232,19 +232,25 @@ def _best(args: argparse.Namespace) -> int:
 
     study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     doc = best_config_document(study, result)
+    doc = _finite(doc)
     if args.format == "yaml":
         import yaml
 
-        print(yaml.safe_dump(json.loads(json.dumps(doc, default=_json_default)), sort_keys=False), end="")
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
     else:
-        print(json.dumps(doc, indent=2, default=_json_default))
+        print(json.dumps(doc, indent=2, default=str))
     return 0 if result.best is not None else 1
 
 
-def _json_default(value: Any) -> Any:
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: write a failed trial's inf accuracy loss as the string "inf"."""
     if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return str(value)
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _spaces(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """An example workload in the shape of a user's own training script.
 
-    autotune tune examples/cifar_cnn.py:train --space search_spaces/example_cifar_cnn.yaml --memory-limit 0.5
+    autotune tune examples/cifar_cnn.py:train --space search_spaces/example_cifar_cnn.yaml --memory-limit 0.3
 
 A CIFAR-shaped (3x32x32, 10 classes) CNN on synthetic data, fed through the DataLoader. The space
 includes batch 1024, which needs more memory than the limit allows: that trial fails as `oom`,

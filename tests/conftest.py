@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+# The shared workloads are imported as the top-level module ``workloads`` (trial processes import them
+# by that name too), whether or not tests/ is a package.
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 from autotune._hardware import Capabilities
 

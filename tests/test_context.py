@@ -214,13 +214,6 @@ def test_nan_appearing_late_is_caught_at_the_end() -> None:
     assert len(ctx.recorder.windows) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="package bug: TrialContext.batches (autotune/_context.py, the restart `batch = next(iterator)` after "
-    "StopIteration) calls next() on a fresh iterator of a loader that yields no batch at all (dataset smaller "
-    "than the batch, drop_last=True); the StopIteration escapes the generator and surfaces as the cryptic "
-    "'RuntimeError: generator raised StopIteration' instead of an error naming the batch size",
-)
 def test_a_loader_with_no_full_batch_is_reported_plainly() -> None:
     ctx = TrialContext(config=TrialConfig(batch_size=64), budget=Budget(samples=1024, warmup_steps=1, windows=3),
                        device=CPU)

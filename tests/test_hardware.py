@@ -11,7 +11,7 @@ import optuna
 import pytest
 import torch
 
-from autotune import AutotuneError, Tuner
+from autotune import AutotuneError, Tuner, WorkloadError
 from autotune._hardware import Capabilities, GpuSampler, _visible_index, probe
 from workloads import WORKLOADS
 
@@ -36,6 +36,14 @@ def test_probe_describes_this_machine(probed: Capabilities) -> None:
 def test_probe_that_does_not_answer_in_time_is_one_error() -> None:
     with pytest.raises(AutotuneError, match="did not answer within"):
         probe(timeout=0.01)
+
+
+def test_probe_checks_that_the_target_imports(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom at import')\n")
+    with pytest.raises(WorkloadError, match="importing it raised RuntimeError: boom at import") as info:
+        probe(target=f"{broken}:train")
+    assert str(broken) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_tuner_probes_the_machine_when_not_told(tmp_path: Path, probed: Capabilities, write_space) -> None:

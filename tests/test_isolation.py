@@ -104,15 +104,9 @@ def test_ctx_record_reaches_the_measurement_extras(tmp_path: Path) -> None:
     assert 0 < outcome.measurement.extras["first_batch_seconds"] < 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="package bug: trial processes come from a forkserver context, and multiprocessing makes a child's "
-    "default start method that of its parent's context (BaseProcess._bootstrap), so DataLoader workers in "
-    "a trial start through a new forkserver that imports torch afresh: about 2-3 s per loader iterator "
-    "(every epoch without persistent_workers, inside the timed windows) instead of ~0.1 s with fork; "
-    "configs with num_workers > 0 are measured slower than they are (autotune/_isolation.py _child / "
-    "autotune/_context.py TrialContext.loader)",
-)
+# Trial processes come from a forkserver, and a child inherits its context's start method; DataLoader
+# workers must still be forked from the trial (~0.1 s), not started through a new forkserver that
+# imports torch afresh (2-3 s per loader iterator, inside the timed windows).
 def test_loader_workers_in_a_trial_start_as_fast_as_outside(tmp_path: Path) -> None:
     outcome = run(tmp_path, spec("loader_start", config=TrialConfig(batch_size=32, num_workers=1)))
     assert outcome.status == "ok", outcome.stderr_tail
@@ -195,13 +189,6 @@ def test_classify_exception(exc: BaseException, status: str) -> None:
     assert classify_exception(exc) == status
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="package bug: _isolation.OOM_PATTERNS (autotune/_isolation.py:30) has 'unable to find a valid cuDNN "
-    "algorithm' in lower case, but torch raises 'Unable to find a valid cuDNN algorithm to run convolution' "
-    "(capital U, see libtorch_cuda.so) and the match is case-sensitive, so this cuDNN out-of-workspace "
-    "failure is classified 'error' instead of 'oom'",
-)
 def test_cudnn_no_valid_algorithm_as_torch_words_it_is_oom() -> None:
     assert classify_exception(RuntimeError("Unable to find a valid cuDNN algorithm to run convolution")) == "oom"
 
