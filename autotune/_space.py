@@ -29,6 +29,8 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
     if knob == "memory_fraction":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
         return None if ok else f"{value!r} is not a fraction in (0, 1]"
+    if knob == "cpu_threads" and value is None:
+        return None  # null: torch's default thread count
     if not isinstance(value, int) or isinstance(value, bool):
         return f"{value!r} is not an integer"
     if knob == "batch_size":

@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import _hardware, _space
-from autotune._config import Budget, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
+from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
 from autotune._errors import StudyError, WorkloadError
 from autotune._isolation import TrialSpec, run_isolated, target_of
 from autotune._storage import DEFAULT_STUDIES_DIR, default_storage_url, mask_url, open_storage, study_dir, study_exists
@@ -195,7 +195,33 @@ class Tuner:
         }
         for key, value in attrs.items():
             study.set_user_attr(key, value)
+        self._add_baseline_trial(study, space, reference)
         return study
+
+    def _add_baseline_trial(self, study: optuna.Study, space: _space.SearchSpace, reference: dict[str, Any]) -> None:
+        """Record the first reference run as trial 0, so the untuned config competes like any other.
+
+        Skipped when the baseline is not a point of the space (a value outside a knob's choices, or a
+        fixed knob set otherwise), because the sampler could not place it among the other trials.
+        """
+        baseline = TrialConfig.from_dict(reference["baseline_config"])
+        asker = _BaselineAsker(baseline)
+        if space.sample(asker) != baseline or asker.outside:
+            return  # not a point of the space: the sampler could not place it
+        distributions = space.distributions()
+        asked = asker.params
+        measurement = reference["reference_measurement"]
+        user_attrs = {k: v for k, v in measurement.items() if k != "extras"}
+        user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference",
+                          throughput_spread=Measurement.from_dict(measurement).spread, **self._identity)
+        threshold = self.max_accuracy_loss + reference["metric_noise"]
+        study.add_trial(optuna.trial.create_trial(
+            params=asked,
+            distributions={k: distributions[k] for k in asked},
+            values=[measurement["throughput"], 0.0],
+            user_attrs=user_attrs,
+            system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -threshold},
+        ))
 
     def _sampler(self) -> optuna.samplers.BaseSampler:
         # TPE reads the constraints each trial sets with trial.set_constraint.
@@ -737,3 +763,30 @@ def _device_identity(caps: _hardware.Capabilities) -> dict[str, str]:
     else:
         identity["device"] = f"cpu ({caps.cpu_count} cores)"
     return identity
+
+
+class _BaselineAsker:
+    """Answers a space's questions with the baseline's values, noting any the space does not contain."""
+
+    def __init__(self, baseline: TrialConfig) -> None:
+        self.baseline = baseline
+        self.params: dict[str, Any] = {}
+        self.outside = False
+
+    def _answer(self, name: str, inside: bool) -> Any:
+        value = getattr(self.baseline, name)
+        self.params[name] = value
+        self.outside = self.outside or not inside
+        return value
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        return self._answer(name, getattr(self.baseline, name) in choices)
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1) -> Any:
+        value = getattr(self.baseline, name)
+        return self._answer(name, isinstance(value, int) and low <= value <= high and (value - low) % step == 0)
+
+    def suggest_float(self, name: str, low: float, high: float, step: Optional[float] = None) -> Any:
+        value = getattr(self.baseline, name)
+        on_grid = step is None or abs(round((value - low) / step) * step - (value - low)) < 1e-9
+        return self._answer(name, isinstance(value, float) and low <= value <= high and on_grid)

@@ -3,8 +3,8 @@
     autotune tune examples/cifar_cnn.py:train --space search_spaces/example_cifar_cnn.yaml --memory-limit 0.3
 
 A CIFAR-shaped (3x32x32, 10 classes) CNN on synthetic data, fed through the DataLoader. The space
-includes batch 1024, which needs more memory than the limit allows: that trial fails as `oom`,
-is recorded as infeasible, and the study goes on.
+includes batches (256, 1024) that need more memory than the limit allows: such a trial fails as
+`oom`, is recorded as infeasible, and the study goes on.
 """
 
 import torch

@@ -119,7 +119,11 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str) -
     assert load_best("e2e", storage=url, studies_dir=tmp_path / "studies") == result.best_config
 
     logs = tmp_path / "studies" / "e2e" / "logs"
-    expected = {"reference-0", "reference-1"} | {f"trial-{t.number}" for t in trials if "duplicate_of" not in t.user_attrs}
+    # The baseline's thread count (torch's default) is not among this space's choices, so the reference
+    # run is not recorded as a trial here (see test_timeout_stops_before_any_trial_and_the_baseline_stands).
+    assert all(t.user_attrs.get("role") != "reference" for t in trials)
+    measured = [t for t in trials if "duplicate_of" not in t.user_attrs and t.user_attrs.get("role") != "reference"]
+    expected = {"reference-0", "reference-1"} | {f"trial-{t.number}" for t in measured}
     expected |= {f"confirm-{n}-{r}" for n in confirmation["trials"] for r in (0, 1)}
     assert {p.name for p in logs.iterdir()} == expected
 
@@ -233,13 +237,14 @@ def test_duplicates_are_reused_and_a_measured_space_stops_the_study(tmp_path, cp
     space = write_space(WORKERS_SPACE)
     make_tuner(tmp_path, cpu_caps, "faster_but_less_accurate", space, n_trials=1, study_name="dup").run()
     study = open_study(sqlite_url(tmp_path), "dup")
-    first = study.get_trials()[0]
+    (first,) = study.get_trials()  # the baseline (num_workers 0) recorded from the reference run
+    assert first.user_attrs["role"] == "reference"
     study.enqueue_trial(first.params)
     make_tuner(tmp_path, cpu_caps, "faster_but_less_accurate", space, n_trials=2, study_name="dup").run()
 
     study = open_study(sqlite_url(tmp_path), "dup")
     copy = study.get_trials()[1]
-    assert copy.user_attrs["duplicate_of"] == 0
+    assert copy.user_attrs["duplicate_of"] == first.number
     assert copy.values == first.values and copy.constraints == first.constraints
     assert copy.user_attrs["throughput"] == first.user_attrs["throughput"]
     logs = tmp_path / "studies" / "dup" / "logs"
@@ -251,12 +256,23 @@ def test_duplicates_are_reused_and_a_measured_space_stops_the_study(tmp_path, cp
     assert len(trials) < 20  # every config of the space was measured, so it stopped early
     assert trials[-1].params != first.params  # the last trial is the one that completed the space
     runs = {p.name for p in logs.iterdir() if p.name.startswith("trial-")}
-    assert runs == {f"trial-{t.number}" for t in trials if "duplicate_of" not in t.user_attrs}
+    assert runs == {f"trial-{t.number}" for t in trials
+                    if "duplicate_of" not in t.user_attrs and t.user_attrs.get("role") != "reference"}
 
 
-def test_timeout_stops_before_any_trial_and_nothing_is_feasible(tmp_path, cpu_caps, write_space) -> None:
+def test_timeout_stops_before_any_trial_and_the_baseline_stands(tmp_path, cpu_caps, write_space) -> None:
     result = make_tuner(tmp_path, cpu_caps, "train_tiny", write_space(CHANNELS_SPACE), timeout=0.0,
                         study_name="none").run()
+    (reference,) = open_study(sqlite_url(tmp_path), "none").get_trials()  # no trial beyond the reference
+    assert reference.user_attrs["role"] == "reference"
+    assert result.best is not None and result.best.number == 0 and result.best_config == result.baseline
+    assert result.speedup == pytest.approx(1.0)
+    assert load_best(Path(result.best_config_path)) == result.baseline
+
+
+def test_nothing_feasible_when_the_baseline_is_outside_the_space(tmp_path, cpu_caps, write_space) -> None:
+    space = write_space("knobs:\n  channels_last: [true]\n" + TINY_BUDGET)  # the baseline has it false
+    result = make_tuner(tmp_path, cpu_caps, "train_tiny", space, timeout=0.0, study_name="none").run()
     assert result.best is None and result.pareto == ()
     assert open_study(sqlite_url(tmp_path), "none").get_trials() == []
     path = Path(result.best_config_path)
