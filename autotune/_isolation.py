@@ -201,7 +201,7 @@ def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="autotune-coordinator-watch", daemon=True).start()
 
 
-def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int) -> None:
+def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, environ: dict[str, str]) -> None:
     os.setsid()  # own process group: the parent kills it whole, DataLoader workers included
     _die_with_coordinator(coordinator)
     if sys.platform.startswith("linux"):
@@ -214,7 +214,11 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int) -
     os.dup2(log_fd, 2)
     import faulthandler
 
-    faulthandler.enable()  # a segfault or abort leaves its Python stack in the log
+    faulthandler.enable(all_threads=False)  # a segfault or abort leaves its Python stack in the log
+    # The forkserver's environment is the one it started with; a trial gets the coordinator's current
+    # one (e.g. CUDA_VISIBLE_DEVICES set after the first trial), before anything initialises CUDA.
+    os.environ.clear()
+    os.environ.update(environ)
     if spec.env:
         os.environ.update(spec.env)
     outcome = execute(spec)
@@ -275,7 +279,11 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float) -> TrialOutc
     for stale in (result_path, log_path):
         stale.unlink(missing_ok=True)
     start = time.perf_counter()
-    proc = _mp_context().Process(target=_child, args=(spec, str(result_path), str(log_path), os.getpid()), daemon=False)
+    proc = _mp_context().Process(
+        target=_child,
+        args=(spec, str(result_path), str(log_path), os.getpid(), dict(os.environ)),
+        daemon=False,
+    )
     proc.start()
     assert proc.pid is not None
     proc.join(timeout)

@@ -212,7 +212,7 @@ class Tuner:
         asked = asker.params
         measurement = reference["reference_measurement"]
         user_attrs = {k: v for k, v in measurement.items() if k != "extras"}
-        user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference",
+        user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference", worker=_worker_id(),
                           throughput_spread=Measurement.from_dict(measurement).spread, **self._identity)
         threshold = self.max_accuracy_loss + reference["metric_noise"]
         study.add_trial(optuna.trial.create_trial(

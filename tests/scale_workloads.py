@@ -54,3 +54,31 @@ def train_stalls_once(ctx) -> None:
 def returns_text(ctx) -> str:
     train(ctx)
     return "done"
+
+
+def segfault(ctx) -> None:
+    import ctypes
+
+    ctypes.string_at(0)
+
+
+class _HangingDataset(torch.utils.data.Dataset):
+    """Each DataLoader worker writes its pid, then never returns an item."""
+
+    def __len__(self) -> int:
+        return 1024
+
+    def __getitem__(self, i: int):
+        with open(os.environ["AUTOTUNE_TEST_WORKER_PIDS"], "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(3600)
+
+
+def loader_worker_hangs(ctx) -> None:
+    for _ in ctx.batches(ctx.loader(_HangingDataset())):
+        pass
+
+
+def train_records_env(ctx) -> None:
+    ctx.record("mark", os.environ.get("AUTOTUNE_TEST_MARK"))
+    train(ctx)

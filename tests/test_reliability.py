@@ -164,3 +164,53 @@ def test_dashboard_warns_when_bound_to_all_interfaces(tmp_path, space):
         dashboard.terminate()
         out, err = dashboard.communicate(timeout=30)
     assert "warning: binding to 0.0.0.0" in err
+
+
+def _isolated(fn, tmp_path, timeout=60.0, **config):
+    from autotune import Budget, TrialConfig
+    from autotune._isolation import TrialSpec, run_isolated
+
+    spec = TrialSpec(f"{HERE / 'scale_workloads.py'}:{fn}", TrialConfig(**config), Budget(samples=512, warmup_steps=1, windows=3))
+    return run_isolated(spec, workdir=tmp_path / fn, timeout=timeout)
+
+
+def test_segfault_is_a_crash_with_the_signal_and_a_stack_in_the_tail(tmp_path):
+    outcome = _isolated("segfault", tmp_path)
+    assert outcome.status == "crash" and outcome.signal == "SIGSEGV"
+    assert "Segmentation fault" in outcome.stderr_tail
+    assert _isolated("train", tmp_path, batch_size=16).status == "ok"  # the next trial is unharmed
+
+
+def test_hung_dataloader_worker_times_out_and_the_whole_group_is_gone(tmp_path, monkeypatch):
+    pids = tmp_path / "workers.pids"
+    monkeypatch.setenv("AUTOTUNE_TEST_WORKER_PIDS", str(pids))
+    outcome = _isolated("loader_worker_hangs", tmp_path, timeout=8.0, batch_size=16, num_workers=2)
+    assert outcome.status == "timeout"
+    worker_pids = {int(p) for p in pids.read_text().split()}
+    assert len(worker_pids) == 2  # both workers started, then hung
+    for pid in worker_pids:
+        assert _gone(pid, wait=5), f"DataLoader worker {pid} survived the timeout"
+
+
+def test_stored_attributes_are_json_not_pickle(space, tmp_path):
+    import sqlite3
+
+    db = tmp_path / "j.db"
+    subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", f"sqlite:///{db}", "--trials", "2",
+                        "--studies-dir", str(tmp_path), "--no-progress", "--top-k", "0"),
+                   check=True, capture_output=True, timeout=300)
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT value_json FROM trial_user_attributes").fetchall()
+        rows += conn.execute("SELECT value_json FROM study_user_attributes").fetchall()
+    assert len(rows) > 20
+    for (value,) in rows:
+        json.loads(value)  # every stored attribute is plain JSON text
+
+
+def test_a_trial_sees_the_environment_of_the_coordinator_now(tmp_path, monkeypatch):
+    # The forkserver keeps the environment it started with; each trial must get the current one
+    # (e.g. CUDA_VISIBLE_DEVICES set by `--gpus` after the reference ran).
+    monkeypatch.setenv("AUTOTUNE_TEST_MARK", "before")
+    assert _isolated("train_records_env", tmp_path, batch_size=16).measurement.extras["mark"] == "before"
+    monkeypatch.setenv("AUTOTUNE_TEST_MARK", "after")
+    assert _isolated("train_records_env", tmp_path, batch_size=16).measurement.extras["mark"] == "after"
