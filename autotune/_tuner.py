@@ -469,7 +469,7 @@ class Tuner:
 
     def _copy(self, study: optuna.Study, trial: optuna.Trial, old: FrozenTrial) -> None:
         for key, value in old.user_attrs.items():
-            if key not in ("duplicate_of", "retry_of", "worker"):
+            if key not in ("duplicate_of", "retry_of", "worker", "role"):
                 trial.set_user_attr(key, value)
         for key, value in old.constraints.items():
             trial.set_constraint(key, value)
@@ -566,7 +566,10 @@ def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
     if confirmed:
         winner = int(confirmed["winner"])
         medians = {int(k): v for k, v in confirmed["medians"].items()}
-        fastest_unconfirmed = max((r.throughput for r in feasible if r.number not in medians), default=0.0)
+        confirmed_configs = [r.config for r in feasible if r.number in medians]
+        # A config first measured after the confirmation (e.g. on a resume) can still beat the winner;
+        # copies of confirmed configs (duplicate_of) cannot.
+        fastest_unconfirmed = max((r.throughput for r in feasible if r.config not in confirmed_configs), default=0.0)
         for record in feasible:
             if record.number == winner and medians[winner] >= fastest_unconfirmed:
                 return dataclasses.replace(record, throughput=medians[winner])
@@ -575,6 +578,16 @@ def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
 
 def _distinct_configs(study: optuna.Study) -> set[str]:
     return {json.dumps(t.params, sort_keys=True) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+
+
+def _baseline_throughput(study: optuna.Study) -> float:
+    """The reference run's throughput, or its median from the top-K re-measurement when it took part,
+    so that the speed-up compares medians measured the same way."""
+    confirmed = study.user_attrs.get("top_k_confirmation") or {}
+    for number, median in (confirmed.get("medians") or {}).items():
+        if study.trials[int(number)].user_attrs.get("role") == "reference":
+            return median
+    return study.user_attrs.get("baseline_throughput", math.nan)
 
 
 def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
@@ -602,7 +615,7 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         storage=storage_url,
         best=_best_record(study),
         baseline=TrialConfig.from_dict(attrs["baseline_config"]),
-        baseline_throughput=attrs.get("baseline_throughput", math.nan),
+        baseline_throughput=_baseline_throughput(study),
         reference_metric=attrs.get("reference_metric"),
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),

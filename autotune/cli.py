@@ -213,6 +213,11 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         ]
         if changed:
             console.print("Why it wins: it changes " + "; ".join(changed) + ".")
+            if result.speedup < 1.05:
+                console.print("The gain is under 5%: on a busy or noisy machine that can be noise; the window "
+                              "spreads and the top-K re-measurement are on each trial in the dashboard.")
+        else:
+            console.print("No config beat the baseline once the fastest were measured again: keep it.")
     if result.best_per_device:
         console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
         for device, record in sorted(result.best_per_device.items()):

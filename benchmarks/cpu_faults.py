@@ -18,7 +18,7 @@ FAULTS = ["oom_torch", "oom_cuda_message", "oom_cudnn_message", "segfault", "abo
 
 
 def main(out: Path) -> None:
-    budget = Budget(samples=4096, warmup_steps=1, windows=3)
+    budget = Budget(samples=32768, warmup_steps=4, windows=3)
     config = TrialConfig(batch_size=64, num_workers=1)
 
     def run(fn: str, tag: str, timeout: float = 60):
@@ -31,13 +31,14 @@ def main(out: Path) -> None:
         o = run(fault, fault, timeout=15)
         after = run("train", f"after-{fault}")
         m = after.measurement
-        detail = o.error if not o.signal else f"{o.error}; stderr tail: {o.stderr_tail.strip().splitlines()[-1][:60] if o.stderr_tail.strip() else ''}"
+        fatal = [line for line in o.stderr_tail.splitlines() if line.startswith("Fatal Python error")]
+        detail = f"{o.error}; log: {fatal[0]}" if o.signal and fatal else o.error
         rows.append(f"| {fault} | {o.status} | {detail[:110]} | {m.throughput:,.0f} ({after.status}) | "
                     f"{m.throughput / fresh.throughput * 100 - 100:+.1f}% | {m.spread * 100:.0f}% |")
         print(rows[-1], flush=True)
     text = "\n".join([
         f"Date {datetime.date.today()}; CPU, {os.cpu_count()} cores; Python {platform.python_version()}. "
-        "Normal trial: a linear model, batch 64, one loader worker, 4,096 samples, median of 3 windows; "
+        "Normal trial: a two-layer MLP, batch 64, one loader worker, 32,768 samples, median of 3 windows; "
         "fault trials have a 15 s limit.",
         "",
         "| fault | recorded class | error | next trial samples/s (status) | vs fresh | next trial's window spread |",
