@@ -10,8 +10,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 from autotune import Budget, TrialConfig
 from autotune._hardware import probe
 from autotune._isolation import TrialSpec, run_isolated

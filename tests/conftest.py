@@ -33,3 +33,13 @@ def write_space(tmp_path: Path):
         return path
 
     return write
+
+
+@pytest.fixture
+def space(tmp_path: Path) -> Path:
+    """The small space of the scale-out and reliability workloads (tests/scale_workloads.py)."""
+    from scale_workloads import SPACE
+
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return path

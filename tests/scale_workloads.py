@@ -6,6 +6,14 @@ import time
 import torch
 from torch import nn
 
+# The search space these workloads are tuned over in the tests (the `space` fixture).
+SPACE = """
+knobs:
+  batch_size: [8, 16, 24, 32, 40, 48]
+  num_workers: [0]
+baseline: {batch_size: 16}
+budget: {samples: 512, warmup_steps: 1, windows: 3}
+"""
 SLOW_BATCH = 48  # the config that stalls in `train_stalls`, so a test can kill its worker mid-trial
 
 

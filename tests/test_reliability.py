@@ -5,7 +5,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,21 +13,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.test_scaleout import SPACE, TARGET, _gone
+from tests.test_scaleout import TARGET, _autotune as _cmd, _gone
 
 HERE = Path(__file__).resolve().parent
 STALLS_ONCE = f"{HERE / 'scale_workloads.py'}:train_stalls_once"
-
-
-def _cmd(*args):
-    return [sys.executable, "-m", "autotune", *args]
-
-
-@pytest.fixture
-def space(tmp_path):
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return path
 
 
 def test_sigkilled_tuner_resumes_and_retries_the_orphan_once(space, tmp_path):

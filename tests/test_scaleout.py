@@ -16,25 +16,11 @@ from optuna.trial import TrialState
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'scale_workloads.py'}:train"
 STALLING = f"{HERE / 'scale_workloads.py'}:train_stalls"
-SPACE = """
-knobs:
-  batch_size: [8, 16, 24, 32, 40, 48]
-  num_workers: [0]
-baseline: {batch_size: 16}
-budget: {samples: 512, warmup_steps: 1, windows: 3}
-"""
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def _autotune(*args, env=None, **kw):
+def _autotune(*args):
     return [sys.executable, "-m", "autotune", *args]
-
-
-@pytest.fixture
-def space(tmp_path):
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return path
 
 
 @pytest.fixture
