@@ -25,7 +25,7 @@ from autotune import _hardware, _space
 from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
 from autotune._errors import StudyError, WorkloadError
 from autotune._isolation import TrialSpec, run_isolated, target_of
-from autotune._storage import DEFAULT_STUDIES_DIR, default_storage_url, mask_url, open_storage, study_dir, study_exists
+from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
@@ -343,7 +343,7 @@ class Tuner:
         """
         started = time.monotonic()
         caps = self.capabilities or _hardware.probe(target=self.target)
-        self._storage, _ = open_storage(self.storage_url, self.studies_dir, grace_period=self.grace_period)
+        self._storage, storage_label = open_storage(self.storage_url, self.studies_dir, grace_period=self.grace_period)
         self._identity = _device_identity(caps)
         if self.mode == "join":
             study = self._join()
@@ -362,19 +362,19 @@ class Tuner:
                     for key, value in reference.items():
                         study.set_user_attr(key, value)
             if self.mode == "create":
-                return summarize_study(study, storage_url=mask_url(self.storage_url or default_storage_url(self.studies_dir)))
+                return summarize_study(study, storage_url=storage_label)
             ui.set_best(_best_record(study))
             self._sampler_done = False
             while not self._sampler_done:
                 self._recover_stale(study)
                 if self._finished_counts(study) >= self.n_trials:
                     break
+                if self.timeout is not None and time.monotonic() - started > self.timeout:
+                    break
                 if self._live_counts(study) >= self.n_trials:
                     ui.status("waiting for the trials other workers are running")
                     time.sleep(2.0)
                     continue
-                if self.timeout is not None and time.monotonic() - started > self.timeout:
-                    break
                 if len(_distinct_configs(study)) >= space.size:
                     ui.status("every config of the space has been measured")
                     break
@@ -383,7 +383,7 @@ class Tuner:
                 self._confirm_top_k(study, space, ui)
             if self.confirm_samples:
                 self._confirm(study, space, ui)
-        result = summarize_study(study, storage_url=mask_url(self.storage_url or default_storage_url(self.studies_dir)))
+        result = summarize_study(study, storage_url=storage_label)
         path = write_best_config(study, result, self.studies_dir)
         return _with_path(result, path)
 
@@ -403,7 +403,7 @@ class Tuner:
             study.tell(trial, state=TrialState.FAIL)
             time.sleep(0.5)
             return
-        ui.start_trial(trial.number, self._finished_counts(study) + 1, config)
+        ui.start_trial(trial.number, config)
         duplicate = self._duplicate_of(study, trial)
         try:
             if duplicate is not None:
@@ -698,7 +698,7 @@ class _Progress:
         if record is not None:
             self._best = f"best: {record.throughput:,.0f}/s (#{record.number})"
 
-    def start_trial(self, number: int, ordinal: int, config: TrialConfig) -> None:
+    def start_trial(self, number: int, config: TrialConfig) -> None:
         self.status(f"#{number} {config.describe()}")
 
     def end_trial(self, trial: FrozenTrial) -> None:
