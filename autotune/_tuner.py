@@ -364,6 +364,7 @@ class Tuner:
             if self.mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             ui.set_best(_best_record(study))
+            ui.set_completed(self._finished_counts(study))  # a resume, or trial 0 from the reference run
             self._sampler_done = False
             while not self._sampler_done:
                 self._recover_stale(study)
@@ -423,6 +424,7 @@ class Tuner:
                 study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
             raise
         ui.end_trial(study.trials[trial.number])
+        ui.set_completed(self._finished_counts(study))
         ui.set_best(_best_record(study))
 
     def _finish(self, study: optuna.Study, trial: optuna.Trial, values: Any) -> None:
@@ -708,7 +710,10 @@ class _Progress:
         rate = trial.user_attrs.get("throughput", 0.0)
         config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
         self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}")
-        self._progress.advance(self._task)
+
+    def set_completed(self, count: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=count)
 
 
 # -- worker liveness --------------------------------------------------------------------------------
