@@ -349,7 +349,10 @@ class Tuner:
             study = self._join()
             space = _space.parse_space(study.user_attrs["space"], where=f"study {self.study_name}", name=self.study_name)
             space = _space.restrict_to(space, caps)
+            # A worker judges trials by the study's settings, not by its own defaults.
             self.n_trials = int(study.user_attrs.get("n_trials", self.n_trials))
+            self.max_accuracy_loss = study.user_attrs.get("max_accuracy_loss", self.max_accuracy_loss)
+            self.metric_direction = study.user_attrs.get("metric_direction", self.metric_direction)
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
             study = self._load_existing(self._storage, space)

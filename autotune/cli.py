@@ -94,29 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# CLI option -> Tuner keyword, for the options a subcommand has (a worker takes the rest from the study).
+_TUNER_OPTIONS = {
+    "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
+    "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
+}
+
+
 def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None) -> Any:
     from autotune._tuner import Tuner
 
     demo = target == DEMO_TARGET
+    options = {keyword: getattr(args, option) for option, keyword in _TUNER_OPTIONS.items() if hasattr(args, option)}
     return Tuner(
         target,
-        space=getattr(args, "space", None),
         default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
-        n_trials=getattr(args, "trials", 20),
-        timeout=getattr(args, "timeout", None),
         study_name=args.study or ("demo" if demo else None),
         storage=storage or args.storage,
-        max_accuracy_loss=getattr(args, "max_accuracy_loss", 0.01),
-        metric_direction=getattr(args, "metric_direction", "maximize"),
         trial_timeout=args.trial_timeout,
         memory_limit_gib=args.memory_limit,
-        confirm_samples=getattr(args, "confirm_samples", None),
         studies_dir=args.studies_dir,
-        seed=getattr(args, "seed", 0),
-        top_k=getattr(args, "top_k", 3),
         progress=not args.no_progress,
         grace_period=args.grace_period,
         mode=mode,
+        **options,
     )
 
 
