@@ -6,7 +6,11 @@ steady-state throughput and accuracy loss against an fp32 reference, and returns
 
 from autotune._api import load_best, load_study_result, run
 from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord
-from autotune._errors import AutotuneError, KnobError, SpaceError, StudyError, WorkloadError
+from autotune._diagnose import Diagnosis, annotate_trials, diagnose
+from autotune._errors import AutotuneError, KnobError, ReportError, SpaceError, StudyError, TableError, WorkloadError
+from autotune._report import annotate_study, write_report
+from autotune._sampler import GuidedSampler
+from autotune._simulate import ReplayTable, simulate
 from autotune._space import SearchSpace, load_space
 from autotune._tuner import Tuner
 
@@ -27,22 +31,32 @@ def __getattr__(name: str):  # noqa: ANN202 - module-level lazy attribute
 __all__ = [
     "AutotuneError",
     "Budget",
+    "Diagnosis",
+    "GuidedSampler",
     "KnobError",
     "Measurement",
     "NonFiniteLoss",
+    "ReplayTable",
+    "ReportError",
     "Result",
     "SearchSpace",
     "SpaceError",
     "StudyError",
+    "TableError",
     "TrialConfig",
     "TrialContext",
     "TrialOutcome",
     "TrialRecord",
     "Tuner",
     "WorkloadError",
+    "annotate_study",
+    "annotate_trials",
     "applied",
+    "diagnose",
     "load_best",
     "load_space",
     "load_study_result",
     "run",
+    "simulate",
+    "write_report",
 ]

@@ -19,9 +19,13 @@ COMPILE_MODES: tuple[str, ...] = (
 )
 # torch.compile modes that capture CUDA Graphs themselves, which a whole-step capture cannot wrap.
 COMPILE_MODES_WITH_GRAPHS: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
-LOADERS: tuple[str, ...] = ("torch",)
+# "dali": NVIDIA DALI decodes and augments (on the GPU when there is one); see autotune/_dali.py.
+LOADERS: tuple[str, ...] = ("torch", "dali")
+# Knobs that only matter for one loader: the space does not ask them for the other.
+TORCH_LOADER_KNOBS: tuple[str, ...] = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
 
-Status = Literal["ok", "oom", "timeout", "crash", "cuda_fatal", "nan", "error"]
+Status = Literal["ok", "pruned", "oom", "timeout", "crash", "cuda_fatal", "nan", "error"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class TrialConfig:
     memory_fraction: float = 1.0
     cpu_threads: Optional[int] = None
     loader: str = "torch"
+    dali_threads: int = 4  # DALI CPU worker threads (loader=dali)
+    dali_prefetch: int = 2  # DALI prefetch queue depth in batches (loader=dali)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -68,9 +74,12 @@ class TrialConfig:
             parts.append(f"compile={self.compile}")
         if self.cuda_graphs:
             parts.append("graphs")
-        parts.append(f"workers={self.num_workers}")
-        if self.pin_memory:
-            parts.append("pinned")
+        if self.loader == "dali":
+            parts.append(f"dali threads={self.dali_threads} prefetch={self.dali_prefetch}")
+        else:
+            parts.append(f"workers={self.num_workers}")
+            if self.pin_memory:
+                parts.append("pinned")
         if self.memory_fraction < 1.0:
             parts.append(f"memfrac={self.memory_fraction:g}")
         if self.cpu_threads is not None:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune import _knobs
+from autotune import _images, _knobs
 from autotune._config import Budget, Measurement, TrialConfig
 from autotune._errors import KnobError
+from autotune._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from autotune._measure import Window, WindowRecorder, summarize, synchronize
 
 
 class NonFiniteLoss(ArithmeticError):
     """The training loss became NaN or inf."""
+
+
+class TrialPruned(Exception):
+    """Raised inside a trial stopped early as hopeless; the partial measurement is kept."""
 
 
 class TrialContext:
@@ -30,6 +35,8 @@ class TrialContext:
         seed: Seed for the data order and the user's initialisation (``ctx.seed``).
         baseline_batch_size: The reference batch size, for ``lr_scale``.
         device: Defaults to CUDA when available.
+        prune_below: Stop the trial after its first timed window when that window's throughput is below
+            this (samples/s); set by the tuner from the best trial so far.
     """
 
     def __init__(
@@ -40,8 +47,10 @@ class TrialContext:
         seed: int = 0,
         baseline_batch_size: Optional[int] = None,
         device: Optional[torch.device] = None,
+        prune_below: Optional[float] = None,
     ) -> None:
         self.config = config
+        self.prune_below = prune_below
         self.budget = budget
         self.seed = seed
         self.baseline_batch_size = baseline_batch_size or config.batch_size
@@ -93,6 +102,53 @@ class TrialContext:
         options.update(kwargs)
         return torch.utils.data.DataLoader(dataset, **options)
 
+    def image_loader(
+        self,
+        source: ImageSource,
+        *,
+        size: int = 224,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        shuffle: bool = True,
+    ) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+        """Training batches from an image folder (``root/<class>/<image>``) or a list of ``(path, label)``.
+
+        The backend is ``config.loader``: ``torch`` decodes with PIL in ``ctx.loader`` workers (so the
+        worker, pinning and prefetch knobs apply) and normalises on the device; ``dali`` runs an NVIDIA
+        DALI pipeline with ``dali_threads`` and ``dali_prefetch`` (on the GPU, or CPU-only without one).
+        Both apply a random resized crop to ``size``, a random horizontal flip and ``(x - mean) / std``,
+        and yield ``(images, labels)`` on the device: images ``(N, 3, size, size)`` in the precision's
+        input dtype, channels_last when configured; labels int64. Incomplete batches are dropped. In a
+        distributed job (``RANK``/``WORLD_SIZE`` or ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``) each process
+        reads its own shard.
+
+        Raises:
+            WorkloadError: the source holds no image.
+            KnobError: the shard holds fewer images than one batch, or ``loader=dali`` without DALI.
+        """
+        cfg = self.config
+        listing = _images.list_images(source)
+        shard = _images.shard_from_env()
+        start, end = shard.bounds(len(listing.samples))
+        if end - start < cfg.batch_size:
+            where = f" in shard {shard.index} of {shard.count}" if shard.count > 1 else ""
+            raise KnobError(
+                f"the image source has {end - start} images{where}, fewer than one batch of {cfg.batch_size} "
+                "(incomplete batches are dropped)"
+            )
+        dtype = _images.input_dtype(cfg.precision)
+        if cfg.loader == "dali":
+            from autotune import _dali
+
+            self.extras["input_backend"] = "dali-gpu" if self.device.type == "cuda" else "dali-cpu"
+            return _dali.build(listing, config=cfg, device=self.device, seed=self.seed, size=size, mean=mean,
+                               std=std, shuffle=shuffle, shard=shard, dtype=dtype)
+        self.extras["input_backend"] = "torch"
+        samples = _images.shard_samples(listing, shard, seed=self.seed, shuffle=shuffle)
+        loader = self.loader(_images.ImageFolderDataset(samples, size), shuffle=shuffle)
+        return _images.DeviceImages(loader, device=self.device, dtype=dtype, channels_last=cfg.channels_last,
+                                    mean=mean, std=std, non_blocking=loader.pin_memory)
+
     def train_step(
         self,
         model: torch.nn.Module,
@@ -142,6 +198,7 @@ class TrialContext:
         steps, warmup, window_steps = self._plan()
         timed_end = warmup + window_steps * self.budget.windows
         sampler = self._gpu_sampler()
+        stalls = _DeviceInputWait(self.device)
         iterator = iter(loader)
         start = time.perf_counter()
         for step in range(steps):
@@ -150,6 +207,7 @@ class TrialContext:
                 if sampler is not None and step == warmup:
                     sampler.start()
             fetch = time.perf_counter()
+            mark = stalls.begin() if self.recorder.in_window else None
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -162,6 +220,7 @@ class TrialContext:
                     ) from None
             batch = self._move(batch)
             wait = time.perf_counter() - fetch
+            stalls.end(mark, wait)
             yield batch
             samples = _batch_len(batch)
             self._steps_done += 1
@@ -175,11 +234,14 @@ class TrialContext:
                 synchronize(self.device)
                 self.recorder.warmup_seconds = time.perf_counter() - start
             if step + 1 > warmup and step + 1 <= timed_end and (step + 1 - warmup) % window_steps == 0:
-                self.recorder.end_window()
+                window = self.recorder.end_window()
+                window.data_wait_seconds += stalls.collect()
                 if sampler is not None and step + 1 == timed_end:
                     sampler.stop()
                     self.extras.update(sampler.summary())
                 self._check_finite()
+                if len(self.recorder.windows) == 1:
+                    self._check_hopeless(sampler)
         self._check_finite()
 
     def _gpu_sampler(self) -> Any:
@@ -215,6 +277,19 @@ class TrialContext:
         self.recorder.record(Window(seconds, steps, samples, data_wait_seconds))
         self._samples_done += samples
         self._steps_done += steps
+        if len(self.recorder.windows) == 1:
+            self._check_hopeless(None)
+
+    def _check_hopeless(self, sampler: Any) -> None:
+        rate = self.recorder.windows[0].throughput
+        if self.prune_below is not None and rate < self.prune_below:
+            if sampler is not None:
+                sampler.stop()
+                self.extras.update(sampler.summary())
+            raise TrialPruned(
+                f"pruned: first window ran at {rate:,.1f} samples/s, below {self.prune_below:,.1f} "
+                "(the pruning fraction of the best so far)"
+            )
 
     def report_metric(self, value: float) -> None:
         """Report the evaluation metric (accuracy, or a loss if the study minimises the metric)."""
@@ -243,6 +318,40 @@ class TrialContext:
             graph_replays=sum(s.graph_replays for s in self._train_steps),
             extras=self.extras,
         )
+
+
+class _DeviceInputWait:
+    """The device's side of the input wait on CUDA, from events around each fetch in a timed window.
+
+    The host's clock around ``next()`` misses an asynchronous (pinned) host-to-device copy, and the device
+    work an input pipeline queues, which the stream then runs before the step's kernels. Events recorded
+    around the fetch see them; each step counts the longer of the two views. The events are read when the
+    window ends, after its synchronisation, so measuring adds no synchronisation of its own.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.active = device.type == "cuda"
+        self._pending: list[tuple[float, Any, Any]] = []
+
+    def begin(self) -> Any:
+        if not self.active:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self, start: Any, host_seconds: float) -> None:
+        if start is None:
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._pending.append((host_seconds, start, event))
+
+    def collect(self) -> float:
+        """Seconds to add to the window's host-measured wait (the device must have been synchronised)."""
+        extra = sum(max(0.0, start.elapsed_time(end) / 1000.0 - host) for host, start, end in self._pending)
+        self._pending.clear()
+        return extra
 
 
 def _batch_len(batch: Any) -> int:

@@ -23,4 +23,12 @@ class KnobError(AutotuneError):
     """A knob that cannot be applied as configured (e.g. CUDA Graphs without CUDA)."""
 
 
-__all__ = ["AutotuneError", "KnobError", "SpaceError", "StudyError", "WorkloadError"]
+class ReportError(AutotuneError):
+    """A report that cannot be written (e.g. the plotting extras are not installed)."""
+
+
+class TableError(AutotuneError):
+    """A replay table that is missing or malformed."""
+
+
+__all__ = ["AutotuneError", "KnobError", "ReportError", "SpaceError", "StudyError", "TableError", "WorkloadError"]

@@ -80,8 +80,6 @@ def nvml_identity(index: int = 0) -> dict[str, str]:
 
 
 def _probe_here() -> Capabilities:
-    import importlib.util
-
     import torch
 
     try:
@@ -120,9 +118,17 @@ def _probe_here() -> Capabilities:
         cpu_count=os.cpu_count() or 1,
         compile=compile_ok,
         compile_reason=compile_reason,
-        dali=importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None,
+        **_probe_dali(),
         **info,
     )
+
+
+def _probe_dali() -> dict[str, Any]:
+    """Whether ``nvidia.dali`` imports here (a wheel can be present and still fail to load), and why not."""
+    from autotune._dali import availability
+
+    ok, detail = availability()
+    return {"dali": ok, "extras": {"dali_version" if ok else "dali_reason": detail}}
 
 
 def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Capabilities:
@@ -175,7 +181,10 @@ if __name__ == "__main__":
 class GpuSampler:
     """Samples NVML readings in a background thread while the timed windows run.
 
-    ``summary()`` gives mean, p5 and p95 of each reading. Without NVML or a GPU it samples nothing.
+    ``summary()`` gives mean, p5 and p95 of each reading (PCIe throughput in MB/s each way among them),
+    the fraction of samples in which the clocks were held back for a reason other than idling, and the
+    names of those reasons. A reading the device does not support is left out. Without NVML or a GPU
+    it samples nothing.
 
     Args:
         index: NVML device index (the first visible GPU by default).
@@ -183,13 +192,18 @@ class GpuSampler:
         nvml: An object with pynvml's functions; defaults to the ``pynvml`` module.
     """
 
-    READINGS = ("sm_clock_mhz", "gpu_util_pct", "mem_used_gib", "power_w", "temperature_c")
+    READINGS = ("sm_clock_mhz", "gpu_util_pct", "mem_used_gib", "power_w", "temperature_c", "pcie_tx_mb_s",
+                "pcie_rx_mb_s")
 
     def __init__(self, *, index: int = 0, interval: float = 0.1, nvml: Any = None) -> None:
         import threading
 
         self.interval = interval
         self.samples: dict[str, list[float]] = {k: [] for k in self.READINGS}
+        self.throttled: list[bool] = []  # per sample: any clock event reason other than idle
+        self.throttle_reasons: set[str] = set()
+        self._pcie = True
+        self._reasons: Any = "unknown"  # the reasons function this driver has; None when neither works
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._nvml = nvml
@@ -219,6 +233,41 @@ class GpuSampler:
         self.samples["mem_used_gib"].append(nv.nvmlDeviceGetMemoryInfo(h).used / 2**30)
         self.samples["power_w"].append(nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
         self.samples["temperature_c"].append(float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+        if self._pcie:
+            try:  # KB/s over NVML's own 20 ms window; not supported on some boards and vGPUs
+                tx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)
+                rx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)
+            except Exception:
+                self._pcie = False
+            else:
+                self.samples["pcie_tx_mb_s"].append(tx / 1000.0)
+                self.samples["pcie_rx_mb_s"].append(rx / 1000.0)
+        reasons = self._clock_event_reasons()
+        if reasons is not None:
+            names = throttle_reason_names(reasons)
+            self.throttled.append(bool(names))
+            self.throttle_reasons.update(names)
+
+    def _clock_event_reasons(self) -> Optional[int]:
+        # Drivers before r535 only have the older name, "ThrottleReasons", for the same bit mask.
+        nv, h = self._nvml, self._handle
+        if self._reasons == "unknown":
+            self._reasons = None
+            for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+                try:
+                    value = int(getattr(nv, name)(h))
+                except Exception:
+                    continue
+                self._reasons = getattr(nv, name)
+                return value
+            return None
+        if self._reasons is None:
+            return None
+        try:
+            return int(self._reasons(h))
+        except Exception:
+            self._reasons = None
+            return None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -243,8 +292,8 @@ class GpuSampler:
             self._thread.join()
             self._thread = None
 
-    def summary(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for name, values in self.samples.items():
             if not values:
                 continue
@@ -254,7 +303,36 @@ class GpuSampler:
             out[f"gpu.{name}.p95"] = round(_percentile(ordered, 95), 2)
         if self.samples["sm_clock_mhz"]:
             out["gpu.samples"] = len(self.samples["sm_clock_mhz"])
+        if self.throttled:
+            out["gpu.throttle_fraction"] = round(sum(self.throttled) / len(self.throttled), 3)
+            out["gpu.throttle_reasons"] = sorted(self.throttle_reasons)
         return out
+
+
+# NVML's clock event (throttle) reason bits; 0x1 (GPU idle) is not a throttle.
+THROTTLE_REASONS = {
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+    0x200: "board_limit",
+    0x400: "reliability",
+}
+
+
+def throttle_reason_names(mask: int) -> list[str]:
+    """The names of the non-idle reasons set in an NVML clock event reason mask (unknown bits in hex)."""
+    names = []
+    bit = 0x2
+    while bit <= mask:
+        if mask & bit:
+            names.append(THROTTLE_REASONS.get(bit, hex(bit)))
+        bit <<= 1
+    return names
 
 
 def _percentile(ordered: list[float], pct: float) -> float:

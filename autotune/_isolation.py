@@ -53,6 +53,7 @@ class TrialSpec:
     baseline_batch_size: int = 64
     memory_limit_gib: Optional[float] = None
     env: Optional[dict[str, str]] = None
+    prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
 
 
 def target_of(fn: Callable[..., Any]) -> str:
@@ -145,7 +146,7 @@ def execute(spec: TrialSpec) -> TrialOutcome:
     import torch
 
     from autotune import _knobs
-    from autotune._context import TrialContext
+    from autotune._context import TrialContext, TrialPruned
 
     start = time.perf_counter()
     try:
@@ -161,8 +162,14 @@ def execute(spec: TrialSpec) -> TrialOutcome:
                 seed=spec.seed,
                 baseline_batch_size=spec.baseline_batch_size,
                 device=device,
+                prune_below=spec.prune_below,
             )
-            returned = fn(ctx)
+            try:
+                returned = fn(ctx)
+            except TrialPruned as pruned:
+                # Hopeless: keep what the first window measured, so the sampler and the dashboard see it.
+                return TrialOutcome("pruned", ctx.measurement(), error=str(pruned),
+                                    run_seconds=time.perf_counter() - start)
             if returned is not None:
                 if isinstance(returned, (int, float)) and not isinstance(returned, bool) and ctx.metric is None:
                     ctx.report_metric(returned)  # a returned number is taken as the metric

@@ -205,7 +205,10 @@ class TrainStep:
             start = time.perf_counter()
             self.graph = torch.cuda.CUDAGraph()
             self.optimizer.zero_grad(set_to_none=True)
-            with torch.cuda.graph(self.graph):
+            # thread_local: the DataLoader's pin-memory thread keeps making CUDA calls (pinned allocations)
+            # while the step is captured; in the default "global" mode those invalidate the capture, which
+            # an H200 run showed as a cuda_fatal at batch 32 with 8 pinned workers.
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self._static_loss = self._body(static_in, static_tgt)
             torch.cuda.synchronize()
             self.capture_seconds = time.perf_counter() - start

@@ -11,7 +11,16 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from autotune._config import COMPILE_MODES, COMPILE_MODES_WITH_GRAPHS, LOADERS, PRECISIONS, Budget, TrialConfig
+from autotune._config import (
+    COMPILE_MODES,
+    COMPILE_MODES_WITH_GRAPHS,
+    DALI_LOADER_KNOBS,
+    LOADERS,
+    PRECISIONS,
+    TORCH_LOADER_KNOBS,
+    Budget,
+    TrialConfig,
+)
 from autotune._errors import SpaceError
 
 _BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers")
@@ -39,12 +48,22 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
         return None
     if knob == "num_workers":
         return None if value >= 0 else f"{value} is negative"
-    if knob in ("prefetch_factor", "cpu_threads"):
+    if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch"):
         return None if value >= 1 else f"{value} is below 1"
     raise AssertionError(knob)
 
 
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig))
+
+
+def _ask_order() -> tuple[str, ...]:
+    # The loader is asked before either loader's knobs, so that the other loader's knobs can be skipped.
+    order = [k for k in KNOBS if k != "loader"]
+    order.insert(order.index(TORCH_LOADER_KNOBS[0]), "loader")
+    return tuple(order)
+
+
+_ASK_ORDER = _ask_order()
 _TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget"}
 
 
@@ -137,7 +156,7 @@ class SearchSpace:
     def sample(self, trial: Any) -> TrialConfig:
         """Ask an Optuna trial for one config. Knobs that cannot matter for a value are not asked."""
         chosen: dict[str, Any] = {}
-        for name in KNOBS:
+        for name in _ASK_ORDER:
             spec = self.knobs.get(name)
             if spec is None or spec.fixed:
                 chosen[name] = spec.values[0] if spec else getattr(self.baseline, name)
@@ -148,6 +167,9 @@ class SearchSpace:
             if name in ("prefetch_factor", "persistent_workers") and chosen.get("num_workers") == 0:
                 chosen[name] = getattr(TrialConfig(), name)
                 continue
+            if name in (DALI_LOADER_KNOBS if chosen.get("loader") != "dali" else TORCH_LOADER_KNOBS):
+                chosen[name] = getattr(TrialConfig(), name)  # the other loader's knob cannot matter
+                continue
             if spec.choices is not None:
                 chosen[name] = trial.suggest_categorical(name, list(spec.choices))
             elif name == "memory_fraction":
@@ -155,6 +177,12 @@ class SearchSpace:
             else:
                 chosen[name] = trial.suggest_int(name, int(spec.low), int(spec.high), step=int(spec.step))
         return TrialConfig(**chosen)
+
+    def asked_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The params a trial asks for to reach this config: knobs that cannot matter for it are not asked."""
+        asker = _DictAsker(params)
+        self.sample(asker)
+        return asker.asked
 
     def distributions(self) -> dict[str, Any]:
         """The Optuna distribution of each searchable knob (for enqueueing and replay)."""
@@ -211,7 +239,8 @@ def _parse_knob(where: str, name: str, raw: Any) -> Knob:
 
 
 def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
-    if name not in ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction"):
+    numeric = ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction", *DALI_LOADER_KNOBS)
+    if name not in numeric:
         raise SpaceError(f"{where}: knobs.{name}: a range needs a numeric knob; give choices instead")
     if "low" not in raw or "high" not in raw:
         raise SpaceError(f"{where}: knobs.{name}: a range needs both low and high")
@@ -375,6 +404,32 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
     if not caps.compile:
         for mode in COMPILE_MODES[1:]:
             removals.append(("compile", mode, caps.compile_reason))
+    if not caps.dali:
+        # Without a GPU DALI still runs (CPU-only mode), so only a missing or broken install removes it.
+        why = (caps.extras or {}).get("dali_reason") or "nvidia.dali is not importable"
+        removals.append(("loader", "dali", f"{why} (install the `dali` extra: pip install -e '.[dali]')"))
     for knob, value, why in removals:
         space = space.without(knob, value, why)
     return space
+
+
+class _DictAsker:
+    """Answers a space's questions from a mapping (the baseline's value for knobs it lacks)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+        self.asked: dict[str, Any] = {}
+
+    def _answer(self, name: str) -> Any:
+        value = self.params.get(name, getattr(TrialConfig(), name))
+        self.asked[name] = value
+        return value
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        return self._answer(name)
+
+    def suggest_int(self, name: str, low: int, high: int, step: int = 1) -> Any:
+        return self._answer(name)
+
+    def suggest_float(self, name: str, low: float, high: float, step: Optional[float] = None) -> Any:
+        return self._answer(name)

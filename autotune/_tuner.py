@@ -25,6 +25,8 @@ from autotune import _hardware, _space
 from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
 from autotune._errors import StudyError, WorkloadError
 from autotune._isolation import TrialSpec, run_isolated, target_of
+from autotune._rules import infeasible_reason
+from autotune._sampler import GuidedSampler
 from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
@@ -55,7 +57,12 @@ class Tuner:
         confirm_rounds: Rounds of the top-K re-measurement.
         studies_dir: Where ``best_config.json`` and trial logs go.
         seed: Seed of the data order, the model initialisation and the sampler.
-        sampler: An Optuna sampler; defaults to TPE with constraints, seeded.
+        sampler: An Optuna sampler; defaults to ``GuidedSampler`` over the space (prior point, then a
+            coordinate walk from the best config, with the out-of-memory rule).
+        prune_below: Stop a trial after its first timed window when its throughput is below this fraction
+            of the best so far on the same device (recorded as PRUNED with its partial measurement);
+            ``None`` or 0 turns it off. Window-to-window spread is a few percent, so 0.5 only stops
+            configs that could not come near the best.
         progress: Show a progress bar.
         grace_period: On RDB storages, seconds without a heartbeat after which another worker's
             running trial is failed and its config retried once.
@@ -89,6 +96,7 @@ class Tuner:
         default_spaces: tuple[str, str] = ("cpu_default", "gpu_default"),
         mode: str = "tune",
         grace_period: int = 60,
+        prune_below: Optional[float] = 0.5,
     ) -> None:
         self.target = train_fn if isinstance(train_fn, str) else target_of(train_fn)
         if n_trials < 1:
@@ -123,6 +131,9 @@ class Tuner:
             raise ValueError("mode must be 'tune', 'create' or 'join'")
         self.mode = mode
         self.grace_period = grace_period
+        if prune_below is not None and not 0 <= prune_below < 1:
+            raise ValueError("prune_below must be a fraction in [0, 1)")
+        self.prune_below = prune_below or None
 
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
@@ -191,6 +202,7 @@ class Tuner:
             "max_accuracy_loss": self.max_accuracy_loss,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "n_trials": self.n_trials,
+            "prune_below": self.prune_below,
             **reference,
         }
         for key, value in attrs.items():
@@ -214,6 +226,12 @@ class Tuner:
         user_attrs = {k: v for k, v in measurement.items() if k != "extras"}
         user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference", worker=_worker_id(),
                           throughput_spread=Measurement.from_dict(measurement).spread, **self._identity)
+        user_attrs.update({f"extra:{k}": v for k, v in (measurement.get("extras") or {}).items()})
+        from autotune import _diagnose
+
+        diagnosis = _diagnose.diagnose({**user_attrs, "number": len(study.trials), "state": "COMPLETE"})
+        if diagnosis is not None:
+            user_attrs.update(diagnosis=diagnosis.label, diagnosis_evidence=diagnosis.evidence)
         threshold = self.max_accuracy_loss + reference["metric_noise"]
         study.add_trial(optuna.trial.create_trial(
             params=asked,
@@ -223,17 +241,20 @@ class Tuner:
             system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -threshold},
         ))
 
-    def _sampler(self) -> optuna.samplers.BaseSampler:
-        # TPE reads the constraints each trial sets with trial.set_constraint.
-        # constant_liar keeps concurrent workers from proposing the config another worker is running.
-        return self.sampler or optuna.samplers.TPESampler(
+    def _sampler(self, space: Optional[_space.SearchSpace] = None) -> optuna.samplers.BaseSampler:
+        """The user's sampler, else GuidedSampler over the space (a placeholder until the space is known)."""
+        if self.sampler is not None:
+            return self.sampler
+        if space is None:
+            return optuna.samplers.RandomSampler(seed=self.seed)
+        return GuidedSampler(
+            search_space=space.distributions(),
+            canonical=space.asked_params,
             seed=None if self.mode == "join" else self.seed + self._resumed_trials,
-            n_startup_trials=5,
-            multivariate=True,
-            constant_liar=True,
         )
 
-    def _spec(self, config: TrialConfig, budget: Budget, seed: int, baseline: TrialConfig) -> TrialSpec:
+    def _spec(self, config: TrialConfig, budget: Budget, seed: int, baseline: TrialConfig,
+              prune_below: Optional[float] = None) -> TrialSpec:
         return TrialSpec(
             target=self.target,
             config=config,
@@ -241,6 +262,7 @@ class Tuner:
             seed=seed,
             baseline_batch_size=baseline.batch_size,
             memory_limit_gib=self.memory_limit_gib,
+            prune_below=prune_below,
         )
 
     # -- reference -------------------------------------------------------------------------------
@@ -295,6 +317,16 @@ class Tuner:
         trial.set_user_attr("status", outcome.status)
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
         trial.set_user_attr("run_seconds", round(outcome.run_seconds, 3))
+        if outcome.status == "pruned" and outcome.measurement is not None:
+            for key, value in outcome.measurement.to_dict().items():
+                if key != "extras":
+                    trial.set_user_attr(key, value)
+            for key, value in outcome.measurement.extras.items():
+                trial.set_user_attr(f"extra:{key}", value)
+            trial.set_user_attr("pruned_reason", outcome.error)
+            self._record_diagnosis(study, trial, "PRUNED")
+            study.tell(trial, state=TrialState.PRUNED)
+            return
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
             loss = self._accuracy_loss(study, m.metric)
@@ -307,6 +339,7 @@ class Tuner:
             trial.set_user_attr("accuracy_loss", loss)
             trial.set_constraint("failure", 0.0)
             trial.set_constraint("accuracy", loss - threshold)
+            self._record_diagnosis(study, trial, "COMPLETE")
             self._finish(study, trial, [m.throughput, loss])
             return
         trial.set_user_attr("failure", outcome.status)
@@ -320,17 +353,75 @@ class Tuner:
         # Infeasible, not FAIL: the sampler learns from infeasible trials and ignores failed ones.
         trial.set_constraint("failure", 1.0)
         trial.set_constraint("accuracy", 0.0)
+        self._record_diagnosis(study, trial, "COMPLETE")
         self._finish(study, trial, [0.0, math.inf])
+        if outcome.status == "oom":
+            self._record_implied_oom(study, config, trial.number)
+
+    @staticmethod
+    def _record_diagnosis(study: optuna.Study, trial: optuna.Trial, state: str) -> None:
+        """Store what held this trial back on the trial itself, judged against the study so far (a
+        finished trial takes no new attributes; the study-level ``diagnoses`` are revised at the end)."""
+        from autotune import _diagnose
+
+        current = {**trial.user_attrs, "number": trial.number, "state": state}
+        try:
+            diagnosis = _diagnose.diagnose(current, [*_diagnose.measurements(study), current])
+        except Exception as exc:  # a diagnosis must never cost a trial its result
+            warnings.warn(f"no diagnosis for trial {trial.number}: {exc}", stacklevel=2)
+            return
+        if diagnosis is not None:
+            trial.set_user_attr("diagnosis", diagnosis.label)
+            trial.set_user_attr("diagnosis_evidence", diagnosis.evidence)
+
+    def _oom_configs(self, study: optuna.Study) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (t.number, t.user_attrs["config"])
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") == "oom" and "config" in t.user_attrs
+        ]
+
+    def _prune_infeasible(self, study: optuna.Study, trial: optuna.Trial, config: TrialConfig, reason: str) -> None:
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("pruned_reason", reason)
+        study.tell(trial, state=TrialState.PRUNED)
+
+    def _record_implied_oom(self, study: optuna.Study, failed: TrialConfig, number: int) -> None:
+        """Record the configs an out-of-memory rules out as PRUNED trials with the reason, so the
+        dashboard shows them and no sampler runs them: larger batches, and wider precisions, with the
+        failed trial's other settings. They cost no run and do not count toward the trial budget."""
+        space = self._space
+        batches = [b for b in (space.knobs["batch_size"].values if "batch_size" in space.knobs else ()) if b > failed.batch_size]
+        precisions = space.knobs["precision"].values if "precision" in space.knobs else (failed.precision,)
+        taken = {json.dumps(t.params, sort_keys=True) for t in study.get_trials(deepcopy=False)}
+        distributions = space.distributions()
+        ooms = [(number, failed.to_dict())]
+        for batch in [failed.batch_size, *batches]:
+            for precision in precisions:
+                candidate = failed.replace(batch_size=batch, precision=precision)
+                reason = infeasible_reason(candidate.to_dict(), ooms)
+                asked = space.asked_params(candidate.to_dict())
+                if candidate == failed or reason is None or json.dumps(asked, sort_keys=True) in taken:
+                    continue
+                if any(k not in distributions for k in asked):
+                    continue
+                study.add_trial(optuna.trial.create_trial(
+                    state=TrialState.PRUNED,
+                    params=asked,
+                    distributions={k: distributions[k] for k in asked},
+                    user_attrs={"config": candidate.to_dict(), "status": "infeasible", "pruned_reason": reason},
+                ))
 
     def _finished_counts(self, study: optuna.Study) -> int:
         # FAIL is left out: it only marks trials whose worker died, and each is retried once.
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        return len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED)))
 
     def _live_counts(self, study: optuna.Study) -> int:
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)))
+        return len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)))
 
     def _duplicate_of(self, study: optuna.Study, trial: optuna.Trial) -> Optional[FrozenTrial]:
-        for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        for old in _budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED)):
             if old.number != trial.number and old.params == trial.params and "config" in old.user_attrs:
                 return old
         return None
@@ -353,9 +444,11 @@ class Tuner:
             self.n_trials = int(study.user_attrs.get("n_trials", self.n_trials))
             self.max_accuracy_loss = study.user_attrs.get("max_accuracy_loss", self.max_accuracy_loss)
             self.metric_direction = study.user_attrs.get("metric_direction", self.metric_direction)
+            self.prune_below = study.user_attrs.get("prune_below", self.prune_below)
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
             study = self._load_existing(self._storage, space)
+        self._space = space
         with _Progress(self.progress, self.n_trials) as ui:
             if study is None or "reference_metrics" not in study.user_attrs:
                 reference = self._reference(space, ui)
@@ -366,9 +459,11 @@ class Tuner:
                         study.set_user_attr(key, value)
             if self.mode == "create":
                 return summarize_study(study, storage_url=storage_label)
+            study.sampler = self._sampler(space)
             ui.set_best(_best_record(study))
             ui.set_completed(self._finished_counts(study))  # a resume, or trial 0 from the reference run
             self._sampler_done = False
+            ruled_out = 0
             while not self._sampler_done:
                 self._recover_stale(study)
                 if self._finished_counts(study) >= self.n_trials:
@@ -382,16 +477,26 @@ class Tuner:
                 if len(_distinct_configs(study)) >= space.size:
                     ui.status("every config of the space has been measured")
                     break
-                self._run_one(study, space, ui)
+                if self._run_one(study, space, ui) == "infeasible":
+                    ruled_out += 1
+                    if ruled_out >= 200:  # the sampler keeps proposing what cannot fit: nothing left
+                        break
+                else:
+                    ruled_out = 0
             if self.top_k > 1 and self.mode == "tune":
                 self._confirm_top_k(study, space, ui)
             if self.confirm_samples:
                 self._confirm(study, space, ui)
+        from autotune._report import annotate_study  # diagnoses, dashboard note, plots; never raises
+
+        annotate_study(study, studies_dir=self.studies_dir)
         result = summarize_study(study, storage_url=storage_label)
         path = write_best_config(study, result, self.studies_dir)
         return _with_path(result, path)
 
-    def _run_one(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> None:
+    def _run_one(self, study: optuna.Study, space: _space.SearchSpace, ui: "_Progress") -> str:
+        """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule
+        answered it without a run)."""
         with warnings.catch_warnings():
             # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
             warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
@@ -406,7 +511,11 @@ class Tuner:
             trial.set_user_attr("failure", surplus)
             study.tell(trial, state=TrialState.FAIL)
             time.sleep(0.5)
-            return
+            return "surplus"
+        reason = infeasible_reason(config.to_dict(), self._oom_configs(study))
+        if reason:
+            self._prune_infeasible(study, trial, config, reason)
+            return "infeasible"
         ui.start_trial(trial.number, config)
         duplicate = self._duplicate_of(study, trial)
         try:
@@ -417,7 +526,7 @@ class Tuner:
             else:
                 with _Heartbeat(self._storage, trial._trial_id):
                     outcome = run_isolated(
-                        self._spec(config, space.budget, self.seed, space.baseline),
+                        self._spec(config, space.budget, self.seed, space.baseline, self._prune_threshold(study)),
                         workdir=self._logdir() / f"trial-{trial.number}",
                         timeout=self.trial_timeout,
                     )
@@ -429,6 +538,14 @@ class Tuner:
         ui.end_trial(study.trials[trial.number])
         ui.set_completed(self._finished_counts(study))
         ui.set_best(_best_record(study))
+        return study.trials[trial.number].user_attrs.get("status", "ok")
+
+    def _prune_threshold(self, study: optuna.Study) -> Optional[float]:
+        if not self.prune_below:
+            return None
+        device = self._identity.get("device", "")
+        rates = [r.throughput for r in _feasible(study) if r.device in (device, "")]
+        return self.prune_below * max(rates) if rates else None
 
     def _finish(self, study: optuna.Study, trial: optuna.Trial, values: Any) -> None:
         try:
@@ -441,7 +558,7 @@ class Tuner:
             self._sampler_done = True
 
     def _surplus_reason(self, study: optuna.Study, trial: optuna.Trial) -> str:
-        live = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        live = _budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
         ahead = [t for t in live if t.number < trial.number]
         if len(ahead) >= self.n_trials:
             return "surplus: the trial budget was reached by other workers"
@@ -476,6 +593,9 @@ class Tuner:
         for key, value in old.user_attrs.items():
             if key not in ("duplicate_of", "retry_of", "worker", "role"):
                 trial.set_user_attr(key, value)
+        if old.state == TrialState.PRUNED:
+            study.tell(trial, state=TrialState.PRUNED)
+            return
         for key, value in old.constraints.items():
             trial.set_constraint(key, value)
         self._finish(study, trial, old.values)
@@ -582,7 +702,13 @@ def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
 
 
 def _distinct_configs(study: optuna.Study) -> set[str]:
-    return {json.dumps(t.params, sort_keys=True) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return {json.dumps(t.params, sort_keys=True) for t in done}
+
+
+def _budget_trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[FrozenTrial]:
+    """Trials that spend the budget: configs ruled out by the memory rule cost no run and do not."""
+    return [t for t in study.get_trials(deepcopy=False, states=states) if t.user_attrs.get("status") != "infeasible"]
 
 
 def _baseline_throughput(study: optuna.Study) -> float:

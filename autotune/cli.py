@@ -45,6 +45,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="after the search, train the best config and the reference this long")
     p.add_argument("--top-k", type=int, default=3,
                    help="re-measure the K fastest configs in alternation before declaring the best (0: off)")
+    p.add_argument("--prune-below", type=float, default=0.5, metavar="FRACTION",
+                   help="stop a trial after its first timed window when it runs below this fraction of the best "
+                        "so far (default 0.5; 0: never)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--studies-dir", default="studies", help="where outputs go (default studies/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -83,8 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
     best.add_argument("--studies-dir", default="studies")
     best.add_argument("--format", choices=("json", "yaml"), default="json")
 
+    report = sub.add_parser("report", help="write studies/<study>/report.html with plots and each trial's diagnosis")
+    report.add_argument("study")
+    report.add_argument("--storage")
+    report.add_argument("--studies-dir", default="studies")
+
     spaces = sub.add_parser("spaces", help="list the built-in search spaces and validate them (or the given files)")
     spaces.add_argument("paths", nargs="*")
+
+    sim = sub.add_parser("simulate", help="replay search strategies against a table of recorded measurements")
+    sim.add_argument("table", metavar="TABLE.jsonl")
+    sim.add_argument("--trials", type=_positive_int, default=30, help="trials per run (default 30)")
+    sim.add_argument("--seeds", type=_positive_int, default=5, help="runs per strategy, seeds 0..K-1 (default 5)")
+    sim.add_argument("--strategies", default="guided,tpe,random",
+                     help="comma-separated: guided, guided-flat, tpe, random (default guided,tpe,random)")
+    sim.add_argument("--noise", type=float, default=0.0,
+                     help="multiply each looked-up throughput by a random factor within +-this (e.g. 0.02)")
+    sim.add_argument("--top-k", type=int, default=3, help="top-K re-measurement before the final pick (default 3)")
+    sim.add_argument("--max-accuracy-loss", type=float, default=0.01)
+    sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
     dash.add_argument("--storage")
@@ -98,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 _TUNER_OPTIONS = {
     "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
+    "prune_below": "prune_below",
 }
 
 
@@ -248,6 +269,18 @@ def _best(args: argparse.Namespace) -> int:
     return 0 if result.best is not None else 1
 
 
+def _report(args: argparse.Namespace) -> int:
+    from autotune._api import load_study_result
+    from autotune._report import write_report
+
+    study, _ = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
+    report = write_report(study, studies_dir=args.studies_dir)
+    print(f"report written to {report.html} ({len(report.pngs)} PNGs beside it)")
+    for name, why in report.skipped.items():
+        print(f"  not drawn: {name}: {why}")
+    return 0
+
+
 def _finite(value: Any) -> Any:
     """JSON has no infinity: write a failed trial's inf accuracy loss as the string "inf"."""
     if isinstance(value, float) and math.isinf(value):
@@ -273,6 +306,35 @@ def _spaces(args: argparse.Namespace) -> int:
             continue
         print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs)  {space.description}")
     return 1 if failed else 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from autotune._simulate import ReplayTable, simulate, summaries_document
+
+    if not 0 <= args.noise < 1:
+        raise AutotuneError(f"--noise {args.noise}: expected a fraction in [0, 1)")
+    table = ReplayTable.load(args.table)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    summaries = simulate(table, strategies=strategies, trials=args.trials, seeds=args.seeds, noise=args.noise,
+                         top_k=args.top_k, max_accuracy_loss=args.max_accuracy_loss)
+    settings = {"trials": args.trials, "seeds": args.seeds, "noise": args.noise, "top_k": args.top_k,
+                "max_accuracy_loss": args.max_accuracy_loss}
+    if args.json:
+        print(json.dumps(summaries_document(table, summaries, **settings)))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    best = table.best(args.max_accuracy_loss)
+    out = Table(title=f"{table.name}: {len(table)} rows of {table.size} configs; best {best.throughput:,.1f}/s",
+                caption=f"{args.trials} trials, {args.seeds} seeds, noise +-{args.noise:g}; "
+                        f"a run that never reaches 95% counts as {args.trials + 1}")
+    for column in ("strategy", "trials to 95% (median)", "(worst)", f"best fraction after {args.trials}"):
+        out.add_column(column, justify="left" if column == "strategy" else "right")
+    for s in summaries:
+        out.add_row(s.strategy, f"{s.trials_to_95_median:g}", str(s.trials_to_95_worst), f"{s.best_fraction_median:.3f}")
+    Console().print(out)
+    return 0
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -314,10 +376,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _worker(args)
         if args.command == "best":
             return _best(args)
+        if args.command == "report":
+            return _report(args)
         if args.command == "spaces":
             return _spaces(args)
         if args.command == "dashboard":
             return _dashboard(args)
+        if args.command == "simulate":
+            return _simulate(args)
     except AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import time
 from pathlib import Path
 
 import optuna
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from autotune import AutotuneError, Tuner, WorkloadError
-from autotune._hardware import Capabilities, GpuSampler, _visible_index, probe
+from autotune._hardware import Capabilities, GpuSampler, _visible_index, probe, throttle_reason_names
+from autotune.testing import FakeNvml
 from workloads import WORKLOADS
 
 
@@ -72,3 +74,102 @@ def test_gpu_sampler_without_a_gpu_samples_nothing() -> None:
 def test_visible_index_maps_cuda_numbering_to_nvml(monkeypatch, visible: str, index: int, expected: int) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     assert _visible_index(index) == expected
+
+
+# Five NVML samples as a busy GPU reports them: clocks, utilisation, memory, power, temperature, PCIe in
+# KB/s each way, and the clock event reasons (0x1 idle is no throttle; 0x4 power cap, 0x20 thermal).
+SCRIPTED = [
+    {"sm_clock_mhz": 1980, "gpu_util_pct": 90, "mem_used_gib": 10.0, "power_w": 600.0, "temperature_c": 60,
+     "pcie_tx_kb_s": 1000, "pcie_rx_kb_s": 20000, "clock_event_reasons": 0x1},
+    {"sm_clock_mhz": 1980, "gpu_util_pct": 100, "mem_used_gib": 12.0, "power_w": 650.0, "temperature_c": 62,
+     "pcie_tx_kb_s": 2000, "pcie_rx_kb_s": 30000, "clock_event_reasons": 0x0},
+    {"sm_clock_mhz": 1800, "gpu_util_pct": 100, "mem_used_gib": 12.0, "power_w": 700.0, "temperature_c": 64,
+     "pcie_tx_kb_s": 3000, "pcie_rx_kb_s": 40000, "clock_event_reasons": 0x4},
+    {"sm_clock_mhz": 1750, "gpu_util_pct": 100, "mem_used_gib": 12.0, "power_w": 700.0, "temperature_c": 66,
+     "pcie_tx_kb_s": 4000, "pcie_rx_kb_s": 50000, "clock_event_reasons": 0x4 | 0x20},
+    {"sm_clock_mhz": 1980, "gpu_util_pct": 60, "mem_used_gib": 14.0, "power_w": 500.0, "temperature_c": 65,
+     "pcie_tx_kb_s": 5000, "pcie_rx_kb_s": 60000, "clock_event_reasons": 0x1 | 0x10},
+]
+
+
+def sampled(fake: FakeNvml, n: int) -> GpuSampler:
+    sampler = GpuSampler(nvml=fake)
+    assert sampler.active
+    for _ in range(n):
+        sampler.sample_once()
+    return sampler
+
+
+def test_gpu_sampler_summarises_scripted_nvml_readings() -> None:
+    summary = sampled(FakeNvml(SCRIPTED), len(SCRIPTED)).summary()
+    assert summary["gpu.samples"] == 5
+    assert summary["gpu.sm_clock_mhz.mean"] == pytest.approx(1898.0)
+    assert summary["gpu.sm_clock_mhz.p5"] == pytest.approx(1760.0)  # linear between 1750 and 1800
+    assert summary["gpu.sm_clock_mhz.p95"] == pytest.approx(1980.0)
+    assert summary["gpu.gpu_util_pct.mean"] == pytest.approx(90.0)
+    assert summary["gpu.gpu_util_pct.p5"] == pytest.approx(66.0)
+    assert summary["gpu.mem_used_gib.mean"] == pytest.approx(12.0)
+    assert summary["gpu.power_w.p95"] == pytest.approx(700.0)
+    assert summary["gpu.temperature_c.mean"] == pytest.approx(63.4)
+    # PCIe: NVML's KB/s become MB/s.
+    assert summary["gpu.pcie_tx_mb_s.mean"] == pytest.approx(3.0)
+    assert summary["gpu.pcie_rx_mb_s.mean"] == pytest.approx(40.0)
+    assert summary["gpu.pcie_rx_mb_s.p5"] == pytest.approx(22.0)
+    assert summary["gpu.pcie_rx_mb_s.p95"] == pytest.approx(58.0)
+    # Three of five samples had a reason other than idle.
+    assert summary["gpu.throttle_fraction"] == pytest.approx(0.6)
+    assert summary["gpu.throttle_reasons"] == ["sw_power_cap", "sw_thermal_slowdown", "sync_boost"]
+
+
+def test_gpu_sampler_falls_back_to_the_older_throttle_reasons_call() -> None:
+    fake = FakeNvml(SCRIPTED, clocks_event_api=False)  # a driver before r535
+    summary = sampled(fake, 3).summary()
+    assert summary["gpu.throttle_fraction"] == pytest.approx(0.333)  # rounded like the other readings
+    assert summary["gpu.throttle_reasons"] == ["sw_power_cap"]
+    assert fake.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 3
+    assert fake.count("nvmlDeviceGetCurrentClocksEventReasons") == 0  # it raised before answering
+
+
+def test_gpu_sampler_leaves_out_what_the_device_does_not_report() -> None:
+    # PCIe counters and clock reasons are missing on some boards and vGPUs; the rest is still sampled.
+    bare = [{k: v for k, v in r.items() if not k.startswith(("pcie", "clock"))} for r in SCRIPTED]
+    fake = FakeNvml(bare)
+    summary = sampled(fake, 4).summary()
+    assert summary["gpu.samples"] == 4 and summary["gpu.gpu_util_pct.mean"] == pytest.approx(97.5)
+    assert not any(k.startswith(("gpu.pcie", "gpu.throttle")) for k in summary)
+    # Asked once each, then no more.
+    assert fake.count("nvmlDeviceGetPcieThroughput[pcie_tx_kb_s]") == 1
+    assert fake.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 1
+
+
+def test_gpu_sampler_thread_samples_until_stopped() -> None:
+    sampler = GpuSampler(nvml=FakeNvml(SCRIPTED), interval=0.001)
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while len(sampler.samples["sm_clock_mhz"]) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    count = len(sampler.samples["sm_clock_mhz"])
+    assert count >= 8
+    summary = sampler.summary()
+    assert summary["gpu.samples"] == count and len(sampler.throttled) == count
+    assert summary["gpu.throttle_reasons"] == ["sw_power_cap", "sw_thermal_slowdown", "sync_boost"]
+    time.sleep(0.05)
+    assert len(sampler.samples["sm_clock_mhz"]) == count  # stopped means stopped
+
+
+def test_gpu_sampler_with_an_unknown_device_index_samples_nothing() -> None:
+    sampler = GpuSampler(index=3, nvml=FakeNvml(SCRIPTED, devices=1))
+    assert not sampler.active
+    sampler.start()
+    sampler.stop()
+    assert sampler.summary() == {}
+
+
+@pytest.mark.parametrize(
+    "mask, names",
+    [(0x0, []), (0x1, []), (0x4, ["sw_power_cap"]), (0x1 | 0x8 | 0x40, ["hw_slowdown", "hw_thermal_slowdown"]),
+     (0x800, ["0x800"])],
+)
+def test_throttle_reason_names(mask: int, names: list[str]) -> None:
+    assert throttle_reason_names(mask) == names

@@ -22,7 +22,7 @@ STALLS_ONCE = f"{HERE / 'scale_workloads.py'}:train_stalls_once"
 def test_sigkilled_tuner_resumes_and_retries_the_orphan_once(space, tmp_path):
     marker = tmp_path / "stalled.pid"
     db = tmp_path / "a.db"
-    command = _cmd("tune", STALLS_ONCE, "--space", str(space), "--storage", f"sqlite:///{db}", "--study", "s",
+    command = _cmd("tune", STALLS_ONCE, "--prune-below", "0", "--space", str(space), "--storage", f"sqlite:///{db}", "--study", "s",
                    "--trials", "5", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--top-k", "0")
     env = {**os.environ, "AUTOTUNE_TEST_STALL_ONCE": str(marker)}
     tuner = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -61,7 +61,7 @@ def test_concurrent_tuners_and_dashboard_share_sqlite(space, tmp_path):
     db = tmp_path / "shared.db"
     url = f"sqlite:///{db}"
     studies = tmp_path / "studies"
-    first = subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", url, "--study", "s0",
+    first = subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url, "--study", "s0",
                                 "--trials", "1", "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
@@ -71,7 +71,7 @@ def test_concurrent_tuners_and_dashboard_share_sqlite(space, tmp_path):
     dashboard = subprocess.Popen(_cmd("dashboard", "--storage", url, "--port", str(port), "--studies-dir", str(studies)),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tuners = [
-        subprocess.Popen(_cmd("tune", TARGET, "--space", str(space), "--storage", url, "--study", f"s{i}",
+        subprocess.Popen(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url, "--study", f"s{i}",
                               "--trials", "3", "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in (1, 2, 3)
@@ -127,7 +127,7 @@ def test_malformed_input_is_one_line_and_creates_nothing(args, expected, space, 
 
 def test_password_in_storage_url_is_masked(space, tmp_path):
     url = "postgresql+psycopg://autotune_nobody:hunter2secret@127.0.0.1:5432/no_such_db"
-    proc = subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", url,
+    proc = subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url,
                                "--studies-dir", str(tmp_path), "--no-progress"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
@@ -137,7 +137,7 @@ def test_password_in_storage_url_is_masked(space, tmp_path):
 
 def test_dashboard_warns_when_bound_to_all_interfaces(tmp_path, space):
     url = f"sqlite:///{tmp_path}/d.db"
-    subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", url, "--trials", "1",
+    subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url, "--trials", "1",
                         "--studies-dir", str(tmp_path), "--no-progress", "--top-k", "0"), check=True,
                    capture_output=True, timeout=300)
     with socket.socket() as sock:
@@ -184,7 +184,7 @@ def test_stored_attributes_are_json_not_pickle(space, tmp_path):
     import sqlite3
 
     db = tmp_path / "j.db"
-    subprocess.run(_cmd("tune", TARGET, "--space", str(space), "--storage", f"sqlite:///{db}", "--trials", "2",
+    subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", f"sqlite:///{db}", "--trials", "2",
                         "--studies-dir", str(tmp_path), "--no-progress", "--top-k", "0"),
                    check=True, capture_output=True, timeout=300)
     with sqlite3.connect(db) as conn:

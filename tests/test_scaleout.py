@@ -43,7 +43,7 @@ def _create(space, storage, tmp_path, trials, target=TARGET, *extra):
     proc = subprocess.run(
         _autotune("tune", target, "--space", str(space), "--storage", storage, "--study", "s",
                   "--trials", str(trials), "--create-only", "--studies-dir", str(tmp_path / "studies"),
-                  "--no-progress", *extra),
+                  "--no-progress", "--prune-below", "0", *extra),
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -134,7 +134,7 @@ def test_tune_with_several_workers_uses_a_journal_file(space, tmp_path):
     studies = tmp_path / "studies"
     proc = subprocess.run(
         _autotune("tune", TARGET, "--space", str(space), "--study", "s", "--trials", "5", "--workers", "2",
-                  "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
+                  "--studies-dir", str(studies), "--no-progress", "--top-k", "0", "--prune-below", "0"),
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

@@ -45,6 +45,7 @@ def make_tuner(tmp_path: Path, caps, func: str, space, **options) -> Tuner:
         reference_repeats=1,
         trial_timeout=120,
         top_k=0,  # the top-K re-measurement is tested on its own
+        prune_below=None,  # so is pruning: timing noise must not turn these trials into PRUNED ones
     )
     settings.update(options)
     return Tuner(f"{WORKLOADS}:{func}", **settings)

@@ -1,0 +1,511 @@
+"""What a study found, for people: the dashboard note, plots as artifacts, and ``report.html``.
+
+``annotate_study`` runs at the end of every ``Tuner.run``: it classifies the trials (``_diagnose``),
+writes a study note for optuna-dashboard, and attaches the plots to the study with Optuna's artifact
+store under ``studies/artifacts`` (where ``autotune dashboard`` serves them from). It never fails a
+study: without optuna-dashboard or matplotlib it leaves out what needs them and says so.
+
+``write_report`` (``autotune report STUDY``) writes ``studies/<study>/report.html`` with interactive
+plotly figures (optuna.visualization) and the same plots as PNGs (optuna.visualization.matplotlib).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune._config import TrialConfig
+from autotune._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
+from autotune._errors import ReportError
+from autotune._storage import DEFAULT_STUDIES_DIR, study_dir
+
+ARTIFACTS_DIR = "artifacts"  # under studies_dir; `autotune dashboard` passes the same --artifact-dir
+NOTE_HEADING = "## autotune:"  # notes that start with it are autotune's to rewrite; others are left alone
+MIN_TRIALS_FOR_IMPORTANCE = 4  # completed trials; fewer give importances that mean nothing
+
+# name -> (title, what it shows); the PNG of each is <name>.png next to report.html.
+PLOTS = {
+    "throughput_by_knob": ("Throughput per knob value",
+                           "completed trials; the PNG also shows the infeasible ones (a failure counts as 0) in grey"),
+    "pareto_front": ("Throughput vs accuracy loss: the Pareto front",
+                     "infeasible trials (a failure, or beyond the accuracy bound) in grey"),
+    "importances": ("Knob importances for throughput", "PED-ANOVA (optuna.importance)"),
+    "history": ("History", "throughput by trial number; out-of-memory, other failures and pruned trials marked"),
+}
+ARTIFACT_FILES = tuple(f"{name}.png" for name in PLOTS)
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """What ``annotate_study`` did.
+
+    Attributes:
+        diagnoses: Trial number -> diagnosis.
+        next_step: The hint for the best config ("" when nothing is feasible).
+        note: Whether the study note was written.
+        artifacts: File names attached to the study.
+        skipped: What was left out, and why.
+    """
+
+    diagnoses: dict[int, Diagnosis]
+    next_step: str = ""
+    note: bool = False
+    artifacts: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    """The files ``write_report`` wrote, and the plots it could not draw (name -> why)."""
+
+    html: Path
+    pngs: dict[str, Path] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+# -- reading the study ---------------------------------------------------------------------------------
+def _throughput(trial: FrozenTrial) -> float:
+    return trial.values[0]
+
+
+def _pareto_targets(trial: FrozenTrial) -> tuple[float, float]:
+    loss = trial.values[1]
+    return trial.values[0], loss if math.isfinite(loss) else math.nan  # a failure's loss is inf
+
+
+def _rows(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+
+
+def _describe(trial: FrozenTrial) -> str:
+    config = trial.user_attrs.get("config")
+    return TrialConfig.from_dict(config).describe() if config else json.dumps(trial.params)
+
+
+def _result(study: optuna.Study) -> Any:
+    from autotune._tuner import summarize_study
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # several device models: the summary says so itself
+        return summarize_study(study)
+
+
+def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[str]:
+    """The study in a few lines (markdown): baseline, best, speed-up, accuracy check, what the probe
+    removed, diagnoses and the next step."""
+    attrs = study.user_attrs
+    result = _result(study)
+    lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s "
+             "(the fp32 reference run)."]
+    best = result.best
+    if best is None:
+        lines.append("Best: no feasible config was found.")
+    else:
+        lines.append(f"Best: `{best.config.describe()}` at {best.throughput:,.1f} samples/s (trial #{best.number}), "
+                     f"a {result.speedup:.2f}x speed-up over the baseline.")
+    reference = attrs.get("reference_metric")
+    if reference is None:
+        lines.append("Accuracy check: the workload reports no metric, so accuracy was not checked.")
+    else:
+        bound = attrs.get("max_accuracy_loss", 0.01)
+        noise = attrs.get("metric_noise", 0.0)
+        text = (f"Accuracy check: reference metric {reference:.4f} ({attrs.get('metric_direction', 'maximize')}), "
+                f"noise band {noise:.4f}; a trial may lose up to {bound:g} beyond the noise band")
+        if best is not None:
+            text += f"; the best loses {best.accuracy_loss:+.4f}"
+        confirmation = attrs.get("confirmation") or {}
+        if "accuracy_loss" in confirmation:
+            text += f"; over {confirmation['samples']:,} samples it loses {confirmation['accuracy_loss']:+.4f}"
+        lines.append(text + ".")
+    removed = attrs.get("removed_knobs") or {}
+    if removed:
+        lines.append("Removed by the capability probe: " + "; ".join(f"`{k}` ({v})" for k, v in removed.items()) + ".")
+    else:
+        lines.append("Removed by the capability probe: nothing.")
+    rows = _rows(study)
+    statuses = Counter(t.user_attrs.get("status", "ok") for t in rows)
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
+    lines.append(f"Trials: {len(rows)} finished ({counts}).")
+    if diagnoses:
+        labels = Counter(d.label for d in diagnoses.values())
+        lines.append("Diagnoses: " + ", ".join(f"{n} {label}" for label, n in labels.most_common()) + ".")
+    hint = best_hint(study, diagnoses, result)
+    if hint:
+        d = diagnoses[best.number]
+        lines.append(f"The best config is **{d.label}**: {d.evidence} Next step: {hint}")
+    return lines
+
+
+def best_hint(study: optuna.Study, diagnoses: dict[int, Diagnosis], result: Any = None) -> str:
+    """The next-step hint for the study's best config ("" when there is none or it was not diagnosed)."""
+    result = result or _result(study)
+    if result.best is None or result.best.number not in diagnoses:
+        return ""
+    return next_step(diagnoses[result.best.number], result.best.config.to_dict())
+
+
+def note_markdown(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> str:
+    lines = summary_lines(study, diagnoses)
+    return "\n".join([f"{NOTE_HEADING} {study.study_name}", "", *[f"- {line}" for line in lines], "",
+                      f"Plots: the Artifacts section ({', '.join(ARTIFACT_FILES)}); the full report: "
+                      f"`autotune report {study.study_name}`.", ""])
+
+
+def trial_note(diagnosis: Diagnosis) -> str:
+    numbers = ", ".join(f"{k} {v}" for k, v in diagnosis.numbers.items() if v is not None)
+    return f"{NOTE_HEADING} {diagnosis.label}\n\n{diagnosis.evidence}\n\n{numbers}\n"
+
+
+def diagnosis_table_markdown(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> str:
+    """Every finished trial with its diagnosis, as a markdown table."""
+    out = ["| # | state | status | config | samples/s | accuracy loss | data wait | GPU util | diagnosis | evidence |",
+           "|---:|---|---|---|---:|---:|---:|---:|---|---|"]
+    for row in _table_rows(study, diagnoses):
+        out.append("| " + " | ".join(str(v).replace("|", "/") for v in row) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _table_rows(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[list[str]]:
+    rows = []
+    for t in _rows(study):
+        a = t.user_attrs
+        d = diagnoses.get(t.number)
+        util = gpu_reading(a, "gpu_util_pct.mean")
+        rate = t.values[0] if t.values else a.get("throughput")
+        loss = t.values[1] if t.values else None
+        status = a.get("status", "ok")
+        if t.state == TrialState.PRUNED and a.get("pruned_reason"):
+            status = f"{status}: {a['pruned_reason']}"
+        rows.append([
+            str(t.number), t.state.name, status, _describe(t),
+            f"{rate:,.1f}" if rate else "", f"{loss:+.4f}" if loss is not None and math.isfinite(loss) else "",
+            f"{a['data_wait_fraction']:.0%}" if "data_wait_fraction" in a and rate else "",
+            f"{util:.0f}%" if util is not None else "not measured",
+            d.label if d else "", d.evidence if d else "",
+        ])
+    return rows
+
+
+# -- plots -------------------------------------------------------------------------------------------
+def _plotly_figures(study: optuna.Study) -> tuple[dict[str, Any], dict[str, str]]:
+    from optuna import visualization as vis
+
+    builders: dict[str, Callable[[], Any]] = {
+        "throughput_by_knob": lambda: vis.plot_slice(study, target=_throughput, target_name="throughput"),
+        "pareto_front": lambda: vis.plot_pareto_front(study, target_names=list(_metric_names(study)),
+                                                      targets=_pareto_targets),
+        "importances": lambda: vis.plot_param_importances(study, target=_throughput, target_name="throughput"),
+        "history": lambda: _plotly_history(study),
+    }
+    return _build(study, builders)
+
+
+def _metric_names(study: optuna.Study) -> tuple[str, str]:
+    names = study.metric_names or ["throughput", "accuracy_loss"]
+    return names[0], names[1]
+
+
+def _build(study: optuna.Study, builders: dict[str, Callable[[], Any]]) -> tuple[dict[str, Any], dict[str, str]]:
+    figures, skipped = {}, {}
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    for name, build in builders.items():
+        if not completed:
+            skipped[name] = "no completed trial"
+            continue
+        if name == "importances" and (len(completed) < MIN_TRIALS_FOR_IMPORTANCE or not _varied_params(completed)):
+            skipped[name] = (f"importances need at least {MIN_TRIALS_FOR_IMPORTANCE} completed trials that differ in "
+                             f"a knob; the study has {len(completed)}")
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # experimental-API and non-finite-value notices
+                figures[name] = build()
+        except Exception as exc:  # a plot that cannot be drawn must not cost the others
+            skipped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return figures, skipped
+
+
+def _varied_params(trials: list[FrozenTrial]) -> bool:
+    names = {k for t in trials for k in t.params}
+    return any(len({json.dumps(t.params.get(k)) for t in trials}) > 1 for k in names)
+
+
+def _marked(study: optuna.Study) -> dict[str, list[tuple[int, float, str]]]:
+    """History markers: (trial number, throughput shown, hover text) for failures and pruned trials."""
+    marks: dict[str, list[tuple[int, float, str]]] = {"out of memory": [], "other failure": [], "pruned": []}
+    for t in _rows(study):
+        a = t.user_attrs
+        status = a.get("status", "ok")
+        if t.state == TrialState.PRUNED:
+            rate = a.get("throughput") or 0.0
+            marks["pruned"].append((t.number, rate, f"#{t.number} {status}: {a.get('pruned_reason', '')}"))
+        elif status == "oom":
+            marks["out of memory"].append((t.number, 0.0, f"#{t.number} oom: {_describe(t)}"))
+        elif status != "ok":
+            marks["other failure"].append((t.number, 0.0, f"#{t.number} {status}: {a.get('error', '')[:120]}"))
+    return marks
+
+
+MARKERS = {"out of memory": ("x", "#d62728"), "other failure": ("D", "#9467bd"), "pruned": ("v", "#ff7f0e")}
+PLOTLY_SYMBOLS = {"x": "x", "D": "diamond", "v": "triangle-down"}
+
+
+def _plotly_history(study: optuna.Study) -> Any:
+    from optuna import visualization as vis
+
+    fig = vis.plot_optimization_history(study, target=_throughput, target_name="throughput")
+    for label, points in _marked(study).items():
+        if points:
+            symbol, color = MARKERS[label]
+            fig.add_scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers", name=label,
+                            text=[p[2] for p in points], hoverinfo="text",
+                            marker={"symbol": PLOTLY_SYMBOLS[symbol], "size": 12, "color": color})
+    return fig
+
+
+def write_pngs(study: optuna.Study, out_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """Draw the plots with optuna.visualization.matplotlib into ``out_dir/<name>.png``.
+
+    Each PNG keeps the texts drawn on it (titles, axis and tick labels, legends) in its ``Description``
+    metadata, so what a plot shows can be checked without looking at it.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as mvis
+
+    def history() -> Any:
+        ax = mvis.plot_optimization_history(study, target=_throughput, target_name="throughput")
+        for label, points in _marked(study).items():
+            if points:
+                marker, color = MARKERS[label]
+                ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=color, s=60,
+                           label=label, zorder=3)
+        ax.legend(loc="best")
+        return ax
+
+    builders: dict[str, Callable[[], Any]] = {
+        "throughput_by_knob": lambda: mvis.plot_slice(study, target=_throughput, target_name="throughput"),
+        "pareto_front": lambda: mvis.plot_pareto_front(study, target_names=list(_metric_names(study)),
+                                                       targets=_pareto_targets),
+        "importances": lambda: mvis.plot_param_importances(study, target=_throughput, target_name="throughput"),
+        "history": history,
+    }
+    before = set(plt.get_fignums())
+    try:
+        axes, skipped = _build(study, builders)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = {}
+        for name, ax in axes.items():
+            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
+            fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
+            fig.suptitle(f"{study.study_name}: {PLOTS[name][0]}")
+            path = out_dir / f"{name}.png"
+            fig.savefig(path, dpi=100, bbox_inches="tight")
+            _set_png_text(path, Title=PLOTS[name][0], Description=_figure_text(fig))  # drawn now: all labels exist
+            paths[name] = path
+    finally:
+        for number in set(plt.get_fignums()) - before:  # also those of a plot that failed half-way
+            plt.close(number)
+    return paths, skipped
+
+
+def _set_png_text(path: Path, **text: str) -> None:
+    from PIL import Image, PngImagePlugin  # pillow comes with matplotlib
+
+    info = PngImagePlugin.PngInfo()
+    for key, value in text.items():
+        info.add_itxt(key, value)
+    with Image.open(path) as image:
+        image.load()
+    image.save(path, pnginfo=info)
+
+
+def _figure_text(fig: Any) -> str:
+    texts = [t.get_text() for t in fig.texts]  # the suptitle among them
+    for ax in fig.axes:
+        texts += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        texts += [t.get_text() for t in ax.get_xticklabels() + ax.get_yticklabels()]
+        legend = ax.get_legend()
+        if legend is not None:
+            texts += [t.get_text() for t in legend.get_texts()]
+    return "\n".join(t for t in texts if t)
+
+
+# -- the dashboard -------------------------------------------------------------------------------------
+class _TrialRef:
+    """What optuna_dashboard.save_note reads from a trial (storage, study, id): a finished trial cannot
+    be reopened as an ``optuna.Trial`` without asking the sampler again."""
+
+    def __init__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.study = study
+        self.storage = study._storage
+        self._trial_id = trial._trial_id
+
+
+def _save_note(target: Any, body: str) -> bool:
+    from optuna_dashboard import get_note, save_note
+
+    current = get_note(target)
+    if current == body:
+        return True
+    if current.strip() and not current.startswith(NOTE_HEADING):
+        return False  # someone wrote this note by hand: keep it
+    save_note(target, body)
+    return True
+
+
+def study_artifacts(study: optuna.Study) -> list[dict[str, Any]]:
+    """The study's artifacts (id, filename, mimetype), skipping those deleted in the dashboard, which
+    leaves a null in their place."""
+    out = []
+    for key, value in study._storage.get_study_system_attrs(study._study_id).items():
+        if key.startswith("artifacts:"):
+            meta = json.loads(value)
+            if meta is not None:
+                out.append(meta)
+    return out
+
+
+def upload_plots(study: optuna.Study, paths: dict[str, Path], studies_dir: Path) -> list[str]:
+    """Attach the PNGs to the study, replacing the versions attached before."""
+    from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+    from optuna.artifacts.exceptions import ArtifactNotFound
+
+    root = Path(studies_dir) / ARTIFACTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    store = FileSystemArtifactStore(root)
+    names = {p.name for p in paths.values()}
+    for meta in study_artifacts(study):
+        if meta["filename"] in names:
+            try:
+                store.remove(meta["artifact_id"])
+            except ArtifactNotFound:
+                pass
+            # How optuna-dashboard itself deletes an artifact: its metadata becomes null.
+            study._storage.set_study_system_attr(study._study_id, f"artifacts:{meta['artifact_id']}", json.dumps(None))
+    for path in paths.values():
+        upload_artifact(study_or_trial=study, file_path=str(path), artifact_store=store)
+    return sorted(names)
+
+
+def annotate_study(study: optuna.Study, *, studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> Annotation:
+    """Diagnose every trial, write the dashboard notes and attach the plots; never raises.
+
+    Stores the diagnoses in the study (``annotate_trials``) and the best config's next-step hint as the
+    study user attribute ``next_step``; writes the study note and one note per diagnosed trial
+    (optuna-dashboard's note API; notes edited by hand are left alone); draws the plots into
+    ``studies/<study>/`` and attaches them to the study in ``studies/artifacts``.
+    """
+    skipped: list[str] = []
+    try:
+        diagnoses = annotate_trials(study)
+    except Exception as exc:
+        warnings.warn(f"autotune: could not diagnose study {study.study_name!r}: {exc}", stacklevel=2)
+        return Annotation({}, skipped=(f"diagnosis: {exc}",))
+    hint = ""
+    try:
+        hint = best_hint(study, diagnoses)
+        study.set_user_attr("next_step", hint)
+    except Exception as exc:  # e.g. a study without a reference run
+        skipped.append(f"next step: {exc}")
+    note = False
+    try:
+        import optuna_dashboard  # noqa: F401
+    except ImportError:
+        skipped.append("notes: optuna-dashboard is not installed (pip install 'autotune[dashboard]')")
+    else:
+        try:
+            note = _save_note(study, note_markdown(study, diagnoses))
+            by_number = {t.number: t for t in _rows(study)}
+            for number, d in diagnoses.items():
+                _save_note(_TrialRef(study, by_number[number]), trial_note(d))
+        except Exception as exc:
+            skipped.append(f"notes: {type(exc).__name__}: {exc}")
+    artifacts: list[str] = []
+    try:
+        paths, not_drawn = write_pngs(study, study_dir(study.study_name, Path(studies_dir)))
+        skipped += [f"{name}.png: {why}" for name, why in not_drawn.items()]
+        artifacts = upload_plots(study, paths, Path(studies_dir))
+    except ImportError as exc:
+        skipped.append(f"plots: {exc.name} is not installed (pip install 'autotune[plots]')")
+    except Exception as exc:
+        skipped.append(f"plots: {type(exc).__name__}: {exc}")
+    return Annotation(diagnoses, hint, note, tuple(artifacts), tuple(skipped))
+
+
+# -- report.html ---------------------------------------------------------------------------------------
+def write_report(study: optuna.Study, *, studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR,
+                 out_dir: Optional[Path] = None) -> Report:
+    """Write ``report.html`` and the PNGs into ``out_dir`` (default ``studies/<study>/``).
+
+    The diagnoses are computed afresh and not stored (``annotate_study`` stores them).
+
+    Raises:
+        ReportError: plotly or matplotlib is not installed.
+    """
+    try:
+        import matplotlib  # noqa: F401
+        import plotly  # noqa: F401
+    except ImportError as exc:
+        raise ReportError(f"the report needs {exc.name}: pip install 'autotune[plots]'") from None
+    out = Path(out_dir) if out_dir is not None else study_dir(study.study_name, Path(studies_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    diagnoses = diagnose_study(study)
+    pngs, png_skipped = write_pngs(study, out)
+    figures, skipped = _plotly_figures(study)
+    sections = []
+    plotlyjs: Union[bool, str] = True  # embedded once, so the report opens on a machine without internet
+    for name, (title, what) in PLOTS.items():
+        body = f"<p class=what>{html.escape(what)}</p>"
+        if name in figures:
+            body += figures[name].to_html(full_html=False, include_plotlyjs=plotlyjs, default_width="100%")
+            plotlyjs = False
+        else:
+            body += f"<p class=skipped>Not drawn: {html.escape(skipped.get(name, 'unknown'))}</p>"
+        if name in pngs:
+            body += f'<p><a href="{pngs[name].name}">{pngs[name].name}</a></p>'
+        sections.append(f"<h2>{html.escape(title)}</h2>\n{body}")
+    header = ["#", "state", "status", "config", "samples/s", "accuracy loss", "data wait", "GPU util", "diagnosis",
+              "evidence"]
+    table = "<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>\n"
+    for row in _table_rows(study, diagnoses):
+        table += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>\n"
+    table += "</table>"
+    summary = "".join(f"<li>{_inline(line)}</li>" for line in summary_lines(study, diagnoses))
+    names = ", ".join(_metric_names(study))
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>autotune report: {html.escape(study.study_name)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} table{{border-collapse:collapse;font-size:90%}}
+td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .what{{color:#555}} .skipped{{color:#a00}}</style>
+</head><body>
+<h1>autotune report: {html.escape(study.study_name)}</h1>
+<p>Objectives: {html.escape(names)}. Target: <code>{html.escape(str(study.user_attrs.get("target", "")))}</code>.</p>
+<ul>{summary}</ul>
+{chr(10).join(sections)}
+<h2>Diagnosis</h2>
+<p class=what>What held each trial back, from its loader wait, NVML readings where there are any, the same config
+with CUDA Graphs toggled, and which batch sizes ran out of memory.</p>
+{table}
+</body></html>
+"""
+    path = out / "report.html"
+    path.write_text(page)
+    return Report(path, pngs, {**png_skipped, **skipped})
+
+
+def _inline(markdown: str) -> str:
+    text = html.escape(markdown)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", text)

@@ -1,0 +1,56 @@
+"""What a failed config tells about configs not yet run: the memory-infeasibility rule.
+
+Device memory grows with the batch size and with wider activations, so a config that ran out of memory
+at batch B rules out every config that needs at least as much memory: the same device-side settings with
+a batch of B or more, a precision at least as wide, and no more memory allowed to the process. Knobs that
+only act on the host (loader workers, pinning, threads) do not change device memory and are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+HOST_SIDE_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "cpu_threads"})
+# Bytes per activation element, as an order: fp32 and tf32 keep fp32 activations, fp16 and bf16 halve them.
+_PRECISION_WIDTH = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+
+
+def needs_at_least(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> bool:
+    """Whether ``candidate`` needs at least the device memory that ``failed`` ran out of.
+
+    Args:
+        candidate: A config as a knob -> value mapping.
+        failed: A config that ran out of memory, in the same form.
+    """
+    for knob in set(candidate) | set(failed):
+        if knob in HOST_SIDE_KNOBS:
+            continue
+        mine, theirs = candidate.get(knob), failed.get(knob)
+        if knob == "batch_size":
+            if mine is None or theirs is None or mine < theirs:
+                return False
+        elif knob == "precision" and mine in _PRECISION_WIDTH and theirs in _PRECISION_WIDTH:
+            if _PRECISION_WIDTH[mine] < _PRECISION_WIDTH[theirs]:
+                return False
+        elif knob == "memory_fraction" and mine is not None and theirs is not None:
+            if mine > theirs:  # more memory allowed: it may fit
+                return False
+        elif mine != theirs:
+            return False
+    return True
+
+
+def infeasible_reason(candidate: Mapping[str, Any], failures: Iterable[tuple[int, Mapping[str, Any]]]) -> Optional[str]:
+    """Why ``candidate`` cannot fit, given ``(trial number, config)`` pairs that ran out of memory; else None."""
+    for number, failed in failures:
+        if needs_at_least(candidate, failed):
+            return (
+                f"infeasible: needs at least the memory of trial {number} "
+                f"({_describe(failed)}), which ran out of memory"
+            )
+    return None
+
+
+def _describe(config: Mapping[str, Any]) -> str:
+    keys = [k for k in ("precision", "batch_size", "channels_last", "compile", "cuda_graphs") if k in config]
+    return ", ".join(f"{k}={config[k]}" for k in keys) or "same settings"

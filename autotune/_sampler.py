@@ -1,0 +1,286 @@
+"""GuidedSampler: a problem-aware Optuna sampler for discrete training-knob spaces.
+
+The knobs that make training fast are few, discrete and mostly separable, and domain knowledge says
+where to start (bf16 or fp16, channels_last, a large batch, compiled, graphs). So instead of sampling at
+random until a model forms, the sampler:
+
+1. proposes a *prior point* first: every knob at its most promising value, the batch at the upper median;
+2. then walks coordinate neighbours of the incumbent (the fastest feasible config so far), one knob at a
+   time in order of expected impact (precision, batch, compile, ...), moving whenever a neighbour wins;
+3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
+   ``skip_margin``) or failing, since knob effects are close to separable;
+4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory);
+5. once no neighbour is left, tries two-knob moves, then untried configs at random.
+
+Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
+running trials count as taken. Studies stay ordinary Optuna studies.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune._rules import infeasible_reason
+
+# Most promising value first. Numeric knobs without a prior start at the upper median of their values.
+DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
+    "precision": ("bf16", "fp16", "tf32", "fp32"),
+    "channels_last": (True, False),
+    "compile": ("default", "off", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"),
+    "cuda_graphs": (True, False),
+    "cudnn_benchmark": (True, False),
+    "pin_memory": (True, False),
+    "persistent_workers": (True, False),
+    "loader": ("torch", "dali"),
+}
+# Largest expected effect first: a coordinate walk that settles these early wastes fewest trials.
+DEFAULT_KNOB_ORDER: tuple[str, ...] = (
+    "precision",
+    "batch_size",
+    "compile",
+    "channels_last",
+    "cuda_graphs",
+    "loader",
+    "dali_threads",
+    "dali_prefetch",
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "persistent_workers",
+    "cudnn_benchmark",
+    "memory_fraction",
+    "cpu_threads",
+)
+_TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One trial as the sampler reads it."""
+
+    number: int
+    params: dict[str, Any]
+    value: Optional[float]  # throughput when measured (a pruned trial's partial one too)
+    feasible: bool
+    oom: bool
+    reference: bool
+
+
+class GuidedSampler(optuna.samplers.BaseSampler):
+    """Prior point, then a coordinate walk from the incumbent with the memory rule; see the module doc.
+
+    Args:
+        search_space: The distribution of each knob the study asks for.
+        priors: Preferred value order per knob; merged over ``DEFAULT_PRIORS``.
+        default_priors: Start from ``DEFAULT_PRIORS``; False keeps only ``priors`` (an ablation: the
+            walk then starts from each knob's first value, or the upper median of numbers).
+        knob_order: Order in which knobs are varied; knobs not listed follow in search-space order.
+        skip_margin: A value measured this much slower (as a fraction) than the incumbent's value of the
+            same knob, everything else equal, is not tried again at a new incumbent.
+        canonical: Maps a full config to the params a trial would actually ask (a space may skip knobs that
+            cannot matter, e.g. prefetch without workers), so that "already tried" compares like with like.
+        seed: Seed of the random fallback.
+    """
+
+    def __init__(
+        self,
+        *,
+        search_space: Mapping[str, BaseDistribution],
+        priors: Optional[Mapping[str, Sequence[Any]]] = None,
+        default_priors: bool = True,
+        knob_order: Sequence[str] = DEFAULT_KNOB_ORDER,
+        skip_margin: float = 0.10,
+        canonical: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
+        seed: Optional[int] = None,
+    ) -> None:
+        if not 0 <= skip_margin < 1:
+            raise ValueError("skip_margin must be in [0, 1)")
+        self._space = dict(search_space)
+        self._values = {name: _values_of(dist) for name, dist in self._space.items()}
+        self._priors = {**(DEFAULT_PRIORS if default_priors else {}), **dict(priors or {})}
+        ordered = [k for k in knob_order if k in self._space]
+        self._order = ordered + [k for k in self._space if k not in ordered]
+        self._skip_margin = skip_margin
+        self._canonical = canonical or (lambda params: params)
+        self._seed = seed
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+
+    # -- Optuna's sampler interface -------------------------------------------------------------
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return dict(self._space)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        proposal = self.propose(self._read(study, exclude=trial.number), trial.number)
+        return proposal or {}
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
+
+    # -- the strategy ---------------------------------------------------------------------------
+    def prior_point(self) -> dict[str, Any]:
+        """Every knob at its most promising value."""
+        point = {}
+        for name, values in self._values.items():
+            preferred = [v for v in self._priors.get(name, ()) if v in values]
+            if preferred:
+                point[name] = preferred[0]
+            elif name == "memory_fraction" or not all(_is_number(v) for v in values):
+                point[name] = max(values) if name == "memory_fraction" else values[0]
+            else:
+                ordered = sorted(values)
+                point[name] = ordered[len(ordered) // 2]  # upper median: big enough to matter, likely to fit
+        return point
+
+    def propose(self, seen: list[_Seen], number: int = 0) -> Optional[dict[str, Any]]:
+        """The next config to try given the trials seen, or None when every config is taken."""
+        taken = {self._key(s.params) for s in seen}
+        ooms = [(s.number, s.params) for s in seen if s.oom]
+
+        def fresh(candidate: dict[str, Any]) -> bool:
+            asked = self._asked(candidate)
+            return self._key(asked) not in taken and infeasible_reason(asked, ooms) is None
+
+        prior = self.prior_point()
+        if fresh(prior):
+            return prior
+        anchor, failed_anchor = self._anchor(seen, prior)
+        worse = self._clearly_worse(seen)
+        for candidate in self._neighbours(anchor, failed_anchor, worse):
+            if fresh(candidate):
+                return candidate
+        for candidate in self._pair_moves(anchor, worse):
+            if fresh(candidate):
+                return candidate
+        rng = random.Random(None if self._seed is None else self._seed * 100_003 + number)
+        for _ in range(2000):
+            candidate = {name: rng.choice(values) for name, values in self._values.items()}
+            if fresh(candidate):
+                return candidate
+        return None
+
+    def _anchor(self, seen: list[_Seen], prior: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The incumbent to move from; the failed prior point while only the reference run succeeded."""
+        feasible = [s for s in seen if s.feasible and s.value is not None]
+        if not any(not s.reference for s in feasible):
+            return prior, True
+        best = max(feasible, key=lambda s: (s.value, -s.number))
+        return {**prior, **best.params}, False
+
+    def _neighbours(self, anchor: dict[str, Any], failed: bool, worse: set[tuple[str, Any, Any]]) -> Iterator[dict[str, Any]]:
+        for name in self._order:
+            current = anchor[name]
+            for value in self._value_order(name, current, downward=failed):
+                if (name, value, current) not in worse:
+                    yield {**anchor, name: value}
+
+    def _pair_moves(self, anchor: dict[str, Any], worse: set[tuple[str, Any, Any]]) -> Iterator[dict[str, Any]]:
+        for i, first in enumerate(self._order):
+            for second in self._order[i + 1:]:
+                for a in self._value_order(first, anchor[first]):
+                    if (first, a, anchor[first]) in worse:
+                        continue
+                    for b in self._value_order(second, anchor[second]):
+                        if (second, b, anchor[second]) not in worse:
+                            yield {**anchor, first: a, second: b}
+
+    def _value_order(self, name: str, current: Any, *, downward: bool = False) -> list[Any]:
+        """The other values of a knob: priors first; numbers nearest first (up before down, or down first
+        when moving away from a config that failed, e.g. a smaller batch after an out-of-memory)."""
+        values = [v for v in self._values[name] if v != current]
+        preferred = [v for v in self._priors.get(name, ()) if v in values]
+        if preferred:
+            return preferred + [v for v in values if v not in preferred]
+        if not (_is_number(current) and all(_is_number(v) for v in values)):
+            return values
+        ladder = sorted([*values, current])
+        here, sign = ladder.index(current), (1 if downward else -1)
+        # Nearest on the ladder of values (not in absolute terms: batch sizes grow geometrically).
+        return sorted(values, key=lambda v: (abs(ladder.index(v) - here), sign * (ladder.index(v) - here)))
+
+    def _clearly_worse(self, seen: list[_Seen]) -> set[tuple[str, Any, Any]]:
+        """(knob, value, other value) where a measured pair differing only in that knob shows ``value``
+        clearly slower than ``other`` or failing while ``other`` ran."""
+        out: set[tuple[str, Any, Any]] = set()
+        done = [s for s in seen if s.value is not None or not s.feasible]
+        for name in self._order:
+            groups: dict[str, list[_Seen]] = {}
+            for s in done:
+                if name in s.params:
+                    rest = {k: v for k, v in s.params.items() if k != name}
+                    groups.setdefault(self._key(rest), []).append(s)
+            for members in groups.values():
+                for a in members:
+                    for b in members:
+                        if a.params[name] == b.params[name] or not (b.feasible and b.value):
+                            continue
+                        slower = a.value is not None and a.value < (1 - self._skip_margin) * b.value
+                        if slower or (not a.feasible and not a.oom):
+                            out.add((name, a.params[name], b.params[name]))
+        return out
+
+    # -- reading the study ----------------------------------------------------------------------
+    def _asked(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in self._canonical(dict(params)).items() if k in self._space}
+
+    @staticmethod
+    def _key(params: Mapping[str, Any]) -> str:
+        return json.dumps(params, sort_keys=True, default=str)
+
+    def _read(self, study: optuna.Study, *, exclude: int) -> list[_Seen]:
+        return [seen_trial(t, self._space) for t in study._get_trials(deepcopy=False, states=_TAKEN, use_cache=True)
+                if t.number != exclude]
+
+
+def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Seen:
+    """How a trial informs the search: its params, throughput, feasibility and whether it ran out of memory."""
+    params = {k: v for k, v in trial.params.items() if k in space}
+    status = trial.user_attrs.get("status", "ok")
+    value: Optional[float] = None
+    feasible = False
+    if trial.state == TrialState.COMPLETE and trial.values:
+        feasible = status == "ok" and all(c <= 0 for c in trial.constraints.values())
+        value = trial.values[0] if status == "ok" else None
+    elif trial.state == TrialState.PRUNED:
+        partial = trial.user_attrs.get("throughput")
+        value = float(partial) if partial else None  # stopped early as hopeless: measured, and slow
+    return _Seen(
+        number=trial.number,
+        params=params,
+        value=value,
+        feasible=feasible,
+        oom=status in ("oom", "infeasible"),  # "infeasible": ruled out by an earlier out-of-memory
+        reference=trial.user_attrs.get("role") == "reference",
+    )
+
+
+def _values_of(distribution: BaseDistribution) -> list[Any]:
+    if isinstance(distribution, CategoricalDistribution):
+        return list(distribution.choices)
+    if isinstance(distribution, IntDistribution):
+        return list(range(distribution.low, distribution.high + 1, distribution.step))
+    if isinstance(distribution, FloatDistribution):
+        if distribution.step is None:
+            return [distribution.low, (distribution.low + distribution.high) / 2, distribution.high]
+        count = int(round((distribution.high - distribution.low) / distribution.step)) + 1
+        return [round(distribution.low + i * distribution.step, 12) for i in range(count)]
+    raise TypeError(f"GuidedSampler cannot enumerate {type(distribution).__name__}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

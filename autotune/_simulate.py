@@ -1,0 +1,442 @@
+"""Offline replay: run search strategies against a table of recorded measurements instead of training.
+
+A table is JSON Lines, one config a line::
+
+    {"params": {"precision": "bf16", "batch_size": 256}, "status": "ok", "throughput": 4717.2,
+     "peak_memory_gib": 11.0, "accuracy_loss": 0.001}
+
+The space is the set of distinct values of each param; a config absent from the table counts as ``error``.
+Each strategy runs as an ordinary in-memory Optuna study, so what is compared is exactly what a real study
+would do, minus the training. Scoring:
+
+- *trials to 95%*: the first trial after which the best config *as the strategy sees it* (the highest
+  noisy throughput among feasible trials) truly reaches 95% of the table's best feasible throughput; a run
+  that never gets there counts as ``trials + 1``;
+- *best fraction*: after the last trial, the top-K feasible configs are re-measured in alternation
+  (fresh noise) and the one with the best median is the pick; its true throughput over the table's best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+
+from autotune._errors import TableError
+from autotune._rules import infeasible_reason
+from autotune._sampler import GuidedSampler
+
+STATUSES = ("ok", "oom", "error")
+DEFAULT_STRATEGIES = ("guided", "guided-flat", "tpe", "random")
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One recorded config."""
+
+    params: dict[str, Any]
+    status: str
+    throughput: Optional[float] = None
+    peak_memory_gib: Optional[float] = None
+    accuracy_loss: Optional[float] = None
+
+
+def _key(params: Mapping[str, Any]) -> str:
+    return json.dumps(dict(params), sort_keys=True, default=str)
+
+
+class ReplayTable:
+    """Recorded measurements, looked up by config.
+
+    Args:
+        rows: The table's rows; every row must name the same params.
+        name: A label for reports.
+    """
+
+    def __init__(self, rows: Sequence[TableRow], *, name: str = "table") -> None:
+        if not rows:
+            raise TableError(f"{name}: the table has no rows")
+        self.name = name
+        self.names = tuple(rows[0].params)
+        self._rows: dict[str, TableRow] = {}
+        values: dict[str, list[Any]] = {n: [] for n in self.names}
+        for row in rows:
+            if set(row.params) != set(self.names):
+                raise TableError(f"{name}: row {row.params} does not name the params {', '.join(self.names)}")
+            self._rows[_key(row.params)] = row
+            for n in self.names:
+                if row.params[n] not in values[n]:
+                    values[n].append(row.params[n])
+        self.values = {n: _sorted(v) for n, v in values.items()}
+
+    @classmethod
+    def load(cls, path: Union[str, Path]) -> "ReplayTable":
+        """Read a JSON Lines table, naming the line of the first malformed entry.
+
+        Raises:
+            TableError: the file is missing, or a line is not a valid row.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise TableError(f"no table at {path}")
+        rows, seen = [], set()
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(_parse_row(json.loads(line)))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise TableError(f"{path}:{number}: {exc}") from None
+            key = _key(rows[-1].params)
+            if key in seen:
+                raise TableError(f"{path}:{number}: the config {rows[-1].params} appears twice")
+            seen.add(key)
+        return cls(rows, name=path.stem)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def size(self) -> int:
+        """Configs in the space (the table may leave some out)."""
+        return math.prod(len(v) for v in self.values.values())
+
+    def lookup(self, params: Mapping[str, Any]) -> TableRow:
+        """The recorded row; a config absent from the table is an ``error``."""
+        return self._rows.get(_key({n: params[n] for n in self.names})) or TableRow(dict(params), "error")
+
+    def feasible(self, row: TableRow, max_accuracy_loss: float) -> bool:
+        return row.status == "ok" and (row.accuracy_loss or 0.0) <= max_accuracy_loss
+
+    def best(self, max_accuracy_loss: float = math.inf) -> TableRow:
+        """The fastest feasible row."""
+        rows = [r for r in self._rows.values() if self.feasible(r, max_accuracy_loss)]
+        if not rows:
+            raise TableError(f"{self.name}: no feasible row")
+        return max(rows, key=lambda r: r.throughput or 0.0)
+
+    def distributions(self) -> dict[str, CategoricalDistribution]:
+        return {n: CategoricalDistribution(v) for n, v in self.values.items()}
+
+
+def _parse_row(data: Any) -> TableRow:
+    if not isinstance(data, dict):
+        raise ValueError("a row is a JSON object")
+    params, status = data["params"], data["status"]
+    if not isinstance(params, dict) or not params:
+        raise ValueError("'params' must be a non-empty object")
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
+    throughput = data.get("throughput")
+    if status == "ok":
+        if not isinstance(throughput, (int, float)) or isinstance(throughput, bool) or not throughput > 0:
+            raise ValueError("an 'ok' row needs a positive throughput")
+    elif throughput is not None:
+        raise ValueError(f"throughput must be null when the status is {status!r}")
+    return TableRow(
+        params=params,
+        status=status,
+        throughput=float(throughput) if throughput is not None else None,
+        peak_memory_gib=data.get("peak_memory_gib"),
+        accuracy_loss=data.get("accuracy_loss"),
+    )
+
+
+def _sorted(values: list[Any]) -> list[Any]:
+    try:
+        return sorted(values, key=lambda v: (v is None, v))
+    except TypeError:
+        return values
+
+
+# -- strategies --------------------------------------------------------------------------------------
+def make_sampler(strategy: str, table: ReplayTable, seed: int) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler by strategy name: ``guided`` (autotune's), ``tpe`` (Optuna's default TPE, which
+    in Optuna 5 is already multivariate with a constant liar), ``random``, and ``guided-flat``, the guided
+    walk without its domain priors (an ablation)."""
+    if strategy == "guided":
+        return GuidedSampler(search_space=table.distributions(), seed=seed)
+    if strategy == "guided-flat":  # ablation: the same walk without the domain priors
+        return GuidedSampler(search_space=table.distributions(), seed=seed, default_priors=False)
+    if strategy == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if strategy == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise TableError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+
+
+STRATEGIES = ("guided", "guided-flat", "tpe", "random")
+
+
+# -- one replayed study ------------------------------------------------------------------------------
+class NoisyLookup:
+    """Throughput lookups with multiplicative noise uniform in ±``noise``, from a seeded generator."""
+
+    def __init__(self, table: ReplayTable, *, noise: float, seed: int) -> None:
+        if not 0 <= noise < 1:
+            raise ValueError("noise must be in [0, 1)")
+        self.table, self.noise, self._rng = table, noise, random.Random(seed)
+
+    def measure(self, params: Mapping[str, Any]) -> tuple[TableRow, Optional[float]]:
+        row = self.table.lookup(params)
+        if row.status != "ok" or row.throughput is None:
+            return row, None
+        return row, row.throughput * self._rng.uniform(1 - self.noise, 1 + self.noise)
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    """What one strategy did with one seed."""
+
+    strategy: str
+    seed: int
+    trials: int
+    trials_to_95: int  # trials + 1 when never reached
+    best_fraction: float  # true throughput of the top-K pick over the table's best
+    incumbent_fractions: tuple[float, ...]  # true fraction of the apparent best after each trial
+    pruned_by_rule: int  # proposals the memory rule answered without a run
+
+
+def replay(
+    table: ReplayTable,
+    strategy: str,
+    *,
+    trials: int = 30,
+    seed: int = 0,
+    noise: float = 0.0,
+    top_k: int = 3,
+    confirm_rounds: int = 2,
+    max_accuracy_loss: float = 0.01,
+    memory_rule: bool = True,
+    sampler: Optional[optuna.samplers.BaseSampler] = None,
+) -> ReplayRun:
+    """Run one strategy for ``trials`` trials against the table, as an in-memory Optuna study.
+
+    Args:
+        memory_rule: Answer proposals the out-of-memory rule rules out as PRUNED without a lookup, and
+            without spending a trial (as the tuner does). Applies to every strategy alike.
+    """
+    lookup = NoisyLookup(table, noise=noise, seed=seed + 7919)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(direction="maximize", sampler=sampler or make_sampler(strategy, table, seed))
+    best_true = table.best(max_accuracy_loss).throughput or 0.0
+    ooms: list[tuple[int, dict[str, Any]]] = []
+    seen: list[tuple[float, float, dict[str, Any]]] = []  # (observed, true, params) of feasible trials
+    fractions: list[float] = []
+    reached, pruned, asked = trials + 1, 0, 0
+    while len(fractions) < trials and asked < trials * 50:
+        asked += 1
+        trial = study.ask()
+        params = {n: trial.suggest_categorical(n, table.values[n]) for n in table.names}
+        reason = infeasible_reason(params, ooms) if memory_rule else None
+        if reason:
+            trial.set_user_attr("status", "infeasible")
+            trial.set_user_attr("pruned_reason", reason)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            pruned += 1
+            continue
+        row, observed = lookup.measure(params)
+        feasible = observed is not None and table.feasible(row, max_accuracy_loss)
+        trial.set_user_attr("status", row.status)
+        trial.set_constraint("failure", 0.0 if feasible else 1.0)
+        if row.status == "oom":
+            ooms.append((trial.number, params))
+        study.tell(trial, observed if observed is not None else 0.0)
+        if feasible:
+            seen.append((observed, row.throughput or 0.0, params))
+        apparent = max(seen, key=lambda s: s[0])[1] if seen else 0.0
+        fractions.append(apparent / best_true if best_true else 0.0)
+        if reached > trials and fractions[-1] >= 0.95:
+            reached = len(fractions)
+    return ReplayRun(
+        strategy=strategy,
+        seed=seed,
+        trials=len(fractions),
+        trials_to_95=reached,
+        best_fraction=_top_k_pick(seen, lookup, top_k, confirm_rounds) / best_true if best_true else 0.0,
+        incumbent_fractions=tuple(fractions),
+        pruned_by_rule=pruned,
+    )
+
+
+def _top_k_pick(seen: list[tuple[float, float, dict[str, Any]]], lookup: NoisyLookup, top_k: int, rounds: int) -> float:
+    """True throughput of the config a top-K confirmation crowns (as the tuner does: A B C A B C ...)."""
+    ranked: list[tuple[float, float, dict[str, Any]]] = []
+    for entry in sorted(seen, key=lambda s: -s[0]):
+        if all(entry[2] != r[2] for r in ranked):
+            ranked.append(entry)
+    ranked = ranked[: max(1, top_k)]
+    if not ranked:
+        return 0.0
+    if len(ranked) == 1 or rounds < 1:
+        return ranked[0][1]
+    rates: list[list[float]] = [[] for _ in ranked]
+    for _ in range(rounds):
+        for i, (_, _, params) in enumerate(ranked):
+            rates[i].append(lookup.measure(params)[1] or 0.0)
+    winner = max(range(len(ranked)), key=lambda i: statistics.median(rates[i]))
+    return ranked[winner][1]
+
+
+@dataclass(frozen=True)
+class StrategySummary:
+    """One strategy over several seeds."""
+
+    strategy: str
+    trials_to_95_median: float
+    trials_to_95_worst: int
+    best_fraction_median: float
+    runs: tuple[ReplayRun, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "trials_to_95_median": self.trials_to_95_median,
+            "trials_to_95_worst": self.trials_to_95_worst,
+            "best_fraction_median": round(self.best_fraction_median, 4),
+            "trials_to_95": [r.trials_to_95 for r in self.runs],
+            "pruned_by_rule": [r.pruned_by_rule for r in self.runs],
+        }
+
+
+def simulate(
+    table: Union[ReplayTable, str, Path],
+    *,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+    trials: int = 30,
+    seeds: int = 5,
+    noise: float = 0.0,
+    top_k: int = 3,
+    max_accuracy_loss: float = 0.01,
+    on_run: Optional[Callable[[ReplayRun], None]] = None,
+) -> list[StrategySummary]:
+    """Replay every strategy with seeds ``0 .. seeds-1`` and summarise each."""
+    if trials < 1 or seeds < 1:
+        raise TableError("trials and seeds must be at least 1")
+    if not isinstance(table, ReplayTable):
+        table = ReplayTable.load(table)
+    for strategy in strategies:
+        if strategy not in STRATEGIES:
+            raise TableError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out = []
+    for strategy in strategies:
+        runs = []
+        for seed in range(seeds):
+            run = replay(table, strategy, trials=trials, seed=seed, noise=noise, top_k=top_k,
+                         max_accuracy_loss=max_accuracy_loss)
+            runs.append(run)
+            if on_run:
+                on_run(run)
+        out.append(StrategySummary(
+            strategy=strategy,
+            trials_to_95_median=statistics.median(r.trials_to_95 for r in runs),
+            trials_to_95_worst=max(r.trials_to_95 for r in runs),
+            best_fraction_median=statistics.median(r.best_fraction for r in runs),
+            runs=tuple(runs),
+        ))
+    return out
+
+
+def summaries_document(table: ReplayTable, summaries: Sequence[StrategySummary], **settings: Any) -> dict[str, Any]:
+    """The JSON that ``autotune simulate --json`` prints."""
+    best = table.best(settings.get("max_accuracy_loss", math.inf))
+    return {
+        "table": table.name,
+        "rows": len(table),
+        "space_size": table.size,
+        "best": {"params": best.params, "throughput": best.throughput},
+        **settings,
+        "results": [s.to_dict() for s in summaries],
+    }
+
+
+
+# -- the replay workload: a train_fn for real studies on recorded tables ------------------------------
+REPLAY_TABLE_ENV = "AUTOTUNE_REPLAY_TABLE"
+REPLAY_NOISE_ENV = "AUTOTUNE_REPLAY_NOISE"
+REPLAY_SCRIPT_ENV = "AUTOTUNE_REPLAY_SCRIPT"
+
+
+def replay_env(table: Union[str, Path], *, noise: float = 0.0,
+               script: Optional[Mapping[str, Sequence[float]]] = None,
+               state_dir: Optional[Union[str, Path]] = None) -> dict[str, str]:
+    """Environment for ``replay_train``: the table, the noise, and scripted throughput factors.
+
+    Args:
+        script: ``{json of a config's table params (sorted keys): [factor, factor, ...]}``; the n-th run
+            of that config is multiplied by the n-th factor (1.0 once they run out), across processes.
+        state_dir: Where the scripted factors' consumption is counted (required with ``script``).
+    """
+    env = {REPLAY_TABLE_ENV: str(table), REPLAY_NOISE_ENV: str(noise)}
+    if script:
+        if state_dir is None:
+            raise ValueError("a script needs a state_dir")
+        path = Path(state_dir) / "replay-script.json"
+        path.write_text(json.dumps({k: list(v) for k, v in script.items()}))
+        env[REPLAY_SCRIPT_ENV] = str(path)
+    return env
+
+
+def config_key(params: Mapping[str, Any]) -> str:
+    """How a config is named in a replay script."""
+    return _key(params)
+
+
+def _scripted_factor(key: str) -> Optional[float]:
+    import os
+
+    path = os.environ.get(REPLAY_SCRIPT_ENV)
+    if not path:
+        return None
+    factors = json.loads(Path(path).read_text()).get(key)
+    if not factors:
+        return None
+    import hashlib
+
+    counter = Path(path).with_name("replay-count-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".log")
+    fd = os.open(counter, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b".")
+    finally:
+        os.close(fd)
+    runs = counter.stat().st_size
+    return factors[runs - 1] if runs <= len(factors) else 1.0
+
+
+def replay_train(ctx: Any) -> None:
+    """A ``train_fn`` that replays the table named by ``AUTOTUNE_REPLAY_TABLE`` instead of training.
+
+    A row's status becomes the trial's: ``oom`` raises MemoryError, ``error`` a RuntimeError, and ``ok``
+    records the budget's windows at the table's throughput (times the noise or scripted factor) and
+    reports ``1 - accuracy_loss`` as the metric. Hopeless-trial pruning and every tuner path run as real.
+    """
+    import os
+
+    table = ReplayTable.load(os.environ[REPLAY_TABLE_ENV])
+    config = ctx.config.to_dict()
+    params = {n: config[n] for n in table.names}
+    row = table.lookup(params)
+    if row.status == "oom":
+        raise MemoryError(f"replayed: out of memory at {params}")
+    if row.status != "ok" or row.throughput is None:
+        raise RuntimeError(f"replayed: {params} failed in the table")
+    factor = _scripted_factor(_key(params))
+    if factor is None:
+        noise = float(os.environ.get(REPLAY_NOISE_ENV, "0") or 0)
+        factor = random.Random(os.urandom(8)).uniform(1 - noise, 1 + noise)
+    rate = row.throughput * factor
+    steps = max(1, ctx.budget.samples // ctx.config.batch_size // ctx.budget.windows) if ctx.budget else 1
+    samples = steps * ctx.config.batch_size
+    for _ in range(ctx.budget.windows if ctx.budget else 1):
+        ctx.record_window(samples, samples / rate, steps=steps)
+    ctx.report_metric(1.0 - (row.accuracy_loss or 0.0))

@@ -1,0 +1,98 @@
+"""GuidedSampler on real in-memory Optuna studies."""
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from autotune._sampler import GuidedSampler
+
+SPACE = {
+    "precision": CategoricalDistribution(["fp32", "bf16"]),
+    "batch_size": CategoricalDistribution([64, 128, 256, 512]),
+    "channels_last": CategoricalDistribution([False, True]),
+}
+
+
+def _study(sampler):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(direction="maximize", sampler=sampler)
+
+
+def _ask(study):
+    trial = study.ask()
+    return trial, {name: trial.suggest_categorical(name, dist.choices) for name, dist in SPACE.items()}
+
+
+def _tell(study, trial, value=None, status="ok"):
+    trial.set_user_attr("status", status)
+    trial.set_constraint("failure", 0.0 if status == "ok" else 1.0)
+    study.tell(trial, value if value is not None else 0.0)
+
+
+def test_starts_at_the_prior_point_then_walks_coordinates():
+    study = _study(GuidedSampler(search_space=SPACE, seed=0))
+    trial, first = _ask(study)
+    assert first == {"precision": "bf16", "batch_size": 256, "channels_last": True}
+    _tell(study, trial, 100.0)
+    proposals = []
+    for _ in range(3):
+        trial, params = _ask(study)
+        proposals.append(params)
+        _tell(study, trial, 50.0)  # every neighbour is slower: the incumbent stays
+    # Precision first, then the batch, nearest value first and upward before downward.
+    assert proposals == [
+        {"precision": "fp32", "batch_size": 256, "channels_last": True},
+        {"precision": "bf16", "batch_size": 512, "channels_last": True},
+        {"precision": "bf16", "batch_size": 128, "channels_last": True},
+    ]
+
+
+def test_never_proposes_what_an_out_of_memory_rules_out():
+    study = _study(GuidedSampler(search_space=SPACE, seed=0))
+    trial, first = _ask(study)
+    _tell(study, trial, status="oom")  # bf16 bs256 does not fit
+    seen = []
+    for _ in range(10):
+        trial, params = _ask(study)
+        seen.append(params)
+        _tell(study, trial, 10.0 * params["batch_size"] / 64)
+    for params in seen:
+        if params["channels_last"] == first["channels_last"]:
+            assert params["batch_size"] < 256, params  # bf16 or fp32 at >= 256 needs more memory
+    # Repairing the failed prior moves the batch down first.
+    assert seen[0] == {"precision": "bf16", "batch_size": 128, "channels_last": True}
+
+
+def test_moves_to_a_better_neighbour_and_does_not_repeat_configs():
+    truth = {("bf16", 512, True): 900.0, ("bf16", 256, True): 800.0}
+    study = _study(GuidedSampler(search_space=SPACE, seed=0))
+    seen = []
+    for _ in range(16):
+        trial, params = _ask(study)
+        seen.append(tuple(params.values()))
+        _tell(study, trial, truth.get(tuple(params.values()), 100.0))
+    assert len(set(seen)) == 16  # the whole space, each config once
+    assert seen.index(("bf16", 512, True)) == 2
+
+
+def test_running_trials_of_other_workers_are_not_proposed_again():
+    study = _study(GuidedSampler(search_space=SPACE, seed=0))
+    running, first = _ask(study)  # another worker is still running this one
+    trial, second = _ask(study)
+    assert second != first
+
+
+@pytest.mark.parametrize("margin", [-0.1, 1.0])
+def test_rejects_a_bad_margin(margin):
+    with pytest.raises(ValueError, match="skip_margin"):
+        GuidedSampler(search_space=SPACE, skip_margin=margin)
+
+
+def test_pruned_trials_count_as_measured():
+    study = _study(GuidedSampler(search_space=SPACE, seed=0))
+    trial, first = _ask(study)
+    trial.set_user_attr("throughput", 5.0)
+    study.tell(trial, state=TrialState.PRUNED)
+    trial, second = _ask(study)
+    assert second != first

@@ -1,0 +1,187 @@
+"""Offline replay: tables, the simulate command, and the replay workload driving a real tuner."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import TableError, Tuner
+from autotune._simulate import ReplayTable, config_key, replay, replay_env, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+REPLAY = "autotune._simulate:replay_train"
+
+# precision x batch x channels_last. fp32 runs out of memory from batch 256, bf16 at 512; channels_last
+# helps bf16 only. The best is bf16 bs256 channels_last (374); bf16 bs128 channels_last is close (352).
+RATES = {("fp32", 64): 100.0, ("fp32", 128): 110.0, ("bf16", 64): 300.0, ("bf16", 128): 320.0, ("bf16", 256): 340.0}
+
+
+def _rows():
+    for precision, batch, layout in itertools.product(["fp32", "bf16"], [64, 128, 256, 512], [False, True]):
+        params = {"precision": precision, "batch_size": batch, "channels_last": layout}
+        rate = RATES.get((precision, batch))
+        if rate is None:
+            yield {"params": params, "status": "oom", "throughput": None}
+        else:
+            gain = 1.1 if layout and precision == "bf16" else 1.0
+            yield {"params": params, "status": "ok", "throughput": round(rate * gain, 1), "accuracy_loss": 0.0}
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    path = tmp_path / "table.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    return path
+
+
+SPACE = """
+knobs:
+  precision: [fp32, bf16]
+  batch_size: [64, 128, 256, 512]
+  channels_last: [false, true]
+baseline: {precision: fp32, batch_size: 64}
+budget: {samples: 2048, warmup_steps: 0, windows: 3}
+"""
+
+
+def test_table_loads_with_its_space(table):
+    t = ReplayTable.load(table)
+    assert len(t) == t.size == 16
+    assert t.values["batch_size"] == [64, 128, 256, 512]
+    assert t.best().params == {"precision": "bf16", "batch_size": 256, "channels_last": True}
+    assert t.lookup({"precision": "fp32", "batch_size": 512, "channels_last": True}).status == "oom"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"params": {"a": 1}, "status": "ok", "throughput": null}', "positive throughput"),
+        ('{"params": {"a": 1}, "status": "oom", "throughput": 5}', "must be null"),
+        ('{"params": {"a": 1}, "status": "slow", "throughput": null}', "is not one of"),
+        ('{"status": "ok", "throughput": 1}', "params"),
+        ("not json", "Expecting value"),
+    ],
+)
+def test_malformed_rows_name_the_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"params": {"a": 0}, "status": "ok", "throughput": 1.0}\n' + line + "\n")
+    with pytest.raises(TableError, match=rf"bad.jsonl:2: .*{message}"):
+        ReplayTable.load(path)
+
+
+def test_a_config_absent_from_the_table_is_an_error(tmp_path):
+    path = tmp_path / "sparse.jsonl"
+    rows = [{"params": {"a": a, "b": b}, "status": "ok", "throughput": 1.0 + a} for a, b in [(0, 0), (1, 1)]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = ReplayTable.load(path)
+    assert t.size == 4 and len(t) == 2
+    assert t.lookup({"a": 0, "b": 1}).status == "error"
+
+
+def test_guided_reaches_the_best_and_never_runs_a_ruled_out_config(table):
+    run = replay(ReplayTable.load(table), "guided", trials=10, seed=0, noise=0.02)
+    assert run.trials_to_95 == 1  # the prior point is the best here
+    assert run.best_fraction == pytest.approx(1.0)
+
+
+def test_the_memory_rule_answers_proposals_without_spending_trials(table):
+    run = replay(ReplayTable.load(table), "random", trials=12, seed=3)
+    assert run.trials == 12 and run.pruned_by_rule > 0
+
+
+def test_simulate_json_output(table):
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "simulate", str(table), "--trials", "8", "--seeds", "3",
+         "--noise", "0.02", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [r["strategy"] for r in doc["results"]] == ["guided", "tpe", "random"]
+    for result in doc["results"]:
+        assert 1 <= result["trials_to_95_median"] <= result["trials_to_95_worst"] <= 9
+        assert 0 < result["best_fraction_median"] <= 1
+    assert doc["best"]["throughput"] == 374.0 and doc["noise"] == 0.02
+
+
+def test_simulate_rejects_bad_input_in_one_line(table, tmp_path):
+    for args, message in [((str(tmp_path / "none.jsonl"),), "no table at"),
+                          ((str(table), "--strategies", "magic"), "unknown strategy 'magic'")]:
+        proc = subprocess.run([sys.executable, "-m", "autotune", "simulate", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_top_k_confirmation_beats_one_lucky_sample_in_replay(tmp_path):
+    # B (0.95 of the best) is measured 10% high once; with top-K the lucky config must not win.
+    rows = [{"params": {"x": x}, "status": "ok", "throughput": rate} for x, rate in [(0, 100.0), (1, 95.0), (2, 50.0)]]
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = ReplayTable.load(path)
+    wins = sum(replay(t, "random", trials=6, seed=s, noise=0.08, top_k=3).best_fraction == 1.0 for s in range(20))
+    lucky = sum(replay(t, "random", trials=6, seed=s, noise=0.08, top_k=1).best_fraction == 1.0 for s in range(20))
+    assert wins > lucky
+
+
+# -- the replay workload in a real study ---------------------------------------------------------------
+def _tuner(tmp_path, space_path, **options):
+    settings = dict(space=space_path, n_trials=6, storage=f"sqlite:///{tmp_path}/s.db", studies_dir=tmp_path / "studies",
+                    progress=False, reference_repeats=1, trial_timeout=120, top_k=0, study_name="replay")
+    settings.update(options)
+    return Tuner(REPLAY, **settings)
+
+
+def test_out_of_memory_and_hopeless_trials_are_pruned_with_reasons(tmp_path, write_space, table, cpu_caps, monkeypatch):
+    for key, value in replay_env(table).items():
+        monkeypatch.setenv(key, value)
+    result = _tuner(tmp_path, write_space(SPACE), capabilities=cpu_caps, prune_below=0.5, n_trials=9).run()
+    assert result.best.config.describe().startswith("bf16 bs256 channels_last")
+    study = optuna.load_study(study_name="replay", storage=f"sqlite:///{tmp_path}/s.db")
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    ruled_out = [t for t in pruned if t.user_attrs["status"] == "infeasible"]
+    hopeless = [t for t in pruned if t.user_attrs["status"] == "pruned"]
+    # fp32 bs256 channels_last ran out of memory: fp32 bs512 channels_last is recorded as ruled out.
+    oom = [t for t in study.trials if t.user_attrs.get("status") == "oom"]
+    assert oom and ruled_out
+    by_number = {t.number: t for t in oom}
+    for t in ruled_out:
+        cause = by_number[int(t.user_attrs["pruned_reason"].split("trial ")[1].split()[0])]
+        assert t.user_attrs["config"]["batch_size"] >= cause.user_attrs["config"]["batch_size"]
+        assert t.user_attrs["config"]["channels_last"] == cause.user_attrs["config"]["channels_last"]
+    # Slow configs stop after their first window, below half the best, with that window kept.
+    assert hopeless
+    for t in hopeless:
+        assert t.user_attrs["pruned_reason"].startswith("pruned: first window ran at")
+        assert len(t.user_attrs["window_throughputs"]) == 1
+        assert t.user_attrs["throughput"] < 0.5 * 374.0 * 1.01
+    # Each trial that ran carries its diagnosis: no GPU here, so compute-bound is what remains (and says
+    # so), unless the next larger batch at its settings ran out of memory.
+    for t in study.trials:
+        if t.user_attrs.get("status") == "ok":
+            expected = {"compute-bound (no GPU readings)", "memory-capacity-bound"}
+            assert t.user_attrs["diagnosis"] in expected, t.user_attrs
+    # Ruled-out configs cost no run and do not spend the budget.
+    spent = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+             and t.user_attrs.get("status") != "infeasible"]
+    assert len(spent) == 9
+
+
+def test_top_k_confirmation_under_injected_noise_in_a_real_study(tmp_path, write_space, table, cpu_caps, monkeypatch):
+    # bf16 bs128 channels_last (true 352) is measured 20% high on its first run only.
+    lucky = config_key({"precision": "bf16", "batch_size": 128, "channels_last": True})
+    for key, value in replay_env(table, script={lucky: [1.2]}, state_dir=tmp_path).items():
+        monkeypatch.setenv(key, value)
+    result = _tuner(tmp_path, write_space(SPACE), capabilities=cpu_caps, top_k=3, confirm_rounds=2,
+                    prune_below=None, n_trials=5).run()
+    study = optuna.load_study(study_name="replay", storage=f"sqlite:///{tmp_path}/s.db")
+    first = {json.dumps(t.params, sort_keys=True): t.values[0] for t in study.trials if t.values}
+    assert max(first.values()) == pytest.approx(352 * 1.1 * 1.2 / 1.1, rel=0.01)  # the lucky sample led
+    assert result.best.config.batch_size == 256 and result.best.throughput == pytest.approx(374.0)
+    assert study.user_attrs["top_k_confirmation"]["winner"] == result.best.number
