@@ -10,7 +10,9 @@ random until a model forms, the sampler:
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
    ``skip_margin``) or failing, since knob effects are close to separable;
 4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory);
-5. once no neighbour is left, tries two-knob moves, then untried configs at random.
+5. defers the input-pipeline knobs (workers, pinning, prefetch, loader backend) while the incumbent hardly
+   waits for input: they cannot speed up a step that is not waiting, so they come after the other moves;
+6. once no neighbour is left, tries two-knob moves, then untried configs at random.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -18,6 +20,7 @@ running trials count as taken. Studies stay ordinary Optuna studies.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -59,6 +62,8 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "cpu_threads",
 )
 _TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "loader",
+                         "dali_threads", "dali_prefetch"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class _Seen:
     feasible: bool
     oom: bool
     reference: bool
+    data_wait: Optional[float] = None  # share of the timed windows spent waiting for input, when measured
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -87,6 +93,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         canonical: Maps a full config to the params a trial would actually ask (a space may skip knobs that
             cannot matter, e.g. prefetch without workers), so that "already tried" compares like with like.
         seed: Seed of the random fallback.
+        input_idle: While the incumbent waited for input less than this share of its windows, the
+            input-pipeline knobs are tried only after every other move.
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         skip_margin: float = 0.10,
         canonical: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
         seed: Optional[int] = None,
+        input_idle: float = 0.02,
     ) -> None:
         if not 0 <= skip_margin < 1:
             raise ValueError("skip_margin must be in [0, 1)")
@@ -110,6 +119,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._skip_margin = skip_margin
         self._canonical = canonical or (lambda params: params)
         self._seed = seed
+        self._input_idle = input_idle
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     # -- Optuna's sampler interface -------------------------------------------------------------
@@ -159,12 +169,17 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         prior = self.prior_point()
         if fresh(prior):
             return prior
-        anchor, failed_anchor = self._anchor(seen, prior)
+        anchor, failed_anchor, best = self._anchor(seen, prior)
         worse = self._clearly_worse(seen)
-        for candidate in self._neighbours(anchor, failed_anchor, worse):
-            if fresh(candidate):
-                return candidate
-        for candidate in self._pair_moves(anchor, worse):
+        waits = best is not None and best.data_wait is not None and best.data_wait < self._input_idle
+        first = [k for k in self._order if not (waits and k in INPUT_KNOBS)]
+        later = [k for k in self._order if k not in first]
+        moves = itertools.chain(
+            self._neighbours(anchor, failed_anchor, worse, first),
+            self._pair_moves(anchor, worse, first),
+            self._neighbours(anchor, failed_anchor, worse, later),
+        )
+        for candidate in moves:
             if fresh(candidate):
                 return candidate
         rng = random.Random(None if self._seed is None else self._seed * 100_003 + number)
@@ -174,24 +189,27 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 return candidate
         return None
 
-    def _anchor(self, seen: list[_Seen], prior: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """The incumbent to move from; the failed prior point while only the reference run succeeded."""
+    def _anchor(self, seen: list[_Seen], prior: dict[str, Any]) -> tuple[dict[str, Any], bool, Optional[_Seen]]:
+        """The incumbent to move from (and its trial); the failed prior point while only the reference
+        run succeeded."""
         feasible = [s for s in seen if s.feasible and s.value is not None]
         if not any(not s.reference for s in feasible):
-            return prior, True
+            return prior, True, None
         best = max(feasible, key=lambda s: (s.value, -s.number))
-        return {**prior, **best.params}, False
+        return {**prior, **best.params}, False, best
 
-    def _neighbours(self, anchor: dict[str, Any], failed: bool, worse: set[tuple[str, Any, Any]]) -> Iterator[dict[str, Any]]:
-        for name in self._order:
+    def _neighbours(self, anchor: dict[str, Any], failed: bool, worse: set[tuple[str, Any, Any]],
+                    knobs: Sequence[str]) -> Iterator[dict[str, Any]]:
+        for name in knobs:
             current = anchor[name]
             for value in self._value_order(name, current, downward=failed):
                 if (name, value, current) not in worse:
                     yield {**anchor, name: value}
 
-    def _pair_moves(self, anchor: dict[str, Any], worse: set[tuple[str, Any, Any]]) -> Iterator[dict[str, Any]]:
-        for i, first in enumerate(self._order):
-            for second in self._order[i + 1:]:
+    def _pair_moves(self, anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
+                    knobs: Sequence[str]) -> Iterator[dict[str, Any]]:
+        for i, first in enumerate(knobs):
+            for second in knobs[i + 1:]:
                 for a in self._value_order(first, anchor[first]):
                     if (first, a, anchor[first]) in worse:
                         continue
@@ -253,6 +271,7 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
     status = trial.user_attrs.get("status", "ok")
     value: Optional[float] = None
     feasible = False
+    wait = trial.user_attrs.get("data_wait_fraction")
     if trial.state == TrialState.COMPLETE and trial.values:
         feasible = status == "ok" and all(c <= 0 for c in trial.constraints.values())
         value = trial.values[0] if status == "ok" else None
@@ -266,6 +285,7 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         feasible=feasible,
         oom=status in ("oom", "infeasible"),  # "infeasible": ruled out by an earlier out-of-memory
         reference=trial.user_attrs.get("role") == "reference",
+        data_wait=float(wait) if isinstance(wait, (int, float)) and status == "ok" else None,
     )
 
 

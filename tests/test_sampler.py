@@ -96,3 +96,31 @@ def test_pruned_trials_count_as_measured():
     study.tell(trial, state=TrialState.PRUNED)
     trial, second = _ask(study)
     assert second != first
+
+
+def test_input_knobs_wait_while_the_incumbent_does_not_wait_for_input():
+    space = {**SPACE, "num_workers": CategoricalDistribution([0, 4, 8])}
+    study = _study(GuidedSampler(search_space=space, seed=0))
+    order = []
+    for _ in range(7):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, dist.choices) for name, dist in space.items()}
+        order.append(params)
+        trial.set_user_attr("data_wait_fraction", 0.0)  # a GPU-side data pool: nothing to wait for
+        _tell(study, trial, 100.0 if len(order) == 1 else 50.0)
+    changed = [next(k for k in p if p[k] != order[0][k]) for p in order[1:]]
+    # Every compute-side move (precision, 3 batches, channels_last) comes before the first workers move.
+    assert changed[:5] == ["precision", "batch_size", "batch_size", "batch_size", "channels_last"]
+    assert "num_workers" not in changed[:5]
+
+
+def test_input_knobs_keep_their_place_when_the_incumbent_waits():
+    space = {**SPACE, "num_workers": CategoricalDistribution([0, 4, 8])}
+    study = _study(GuidedSampler(search_space=space, seed=0, knob_order=("num_workers", "precision")))
+    trial = study.ask()
+    first = {name: trial.suggest_categorical(name, dist.choices) for name, dist in space.items()}
+    trial.set_user_attr("data_wait_fraction", 0.4)  # input-bound
+    _tell(study, trial, 100.0)
+    trial = study.ask()
+    second = {name: trial.suggest_categorical(name, dist.choices) for name, dist in space.items()}
+    assert second["num_workers"] != first["num_workers"]
