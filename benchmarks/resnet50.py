@@ -1,10 +1,14 @@
 """Tune ResNet-50 on one GPU with autotune and report what the tuner found and what it cost.
 
-    python -m benchmarks.resnet50 --trials 20 --timeout 900 --out benchmarks/results/resnet50-h200.md
+    python -m benchmarks.resnet50 --space gpu_default --trials 30 --timeout 1200 --trial-timeout 150 \
+        --study r50 --out benchmarks/results/resnet50-h200.md
 
 Not a test. Prints and writes a markdown table: baseline and best throughput, speed-up, trials used,
-wall time of the whole run, time to reach 95% of the final best, per-trial overhead, and the top-K
-confirmation; the study's best_config.json lands in studies/<study>/.
+wall time of the whole run, time to reach 95% of the final best, per-trial overhead, the compile time of
+the best config and the training length at which it pays off, the top-K confirmation, and the best config
+repeated ``--repeat`` times as isolated trials with its spread; the study's best_config.json lands in
+studies/<study>/. Rerunning with the same ``--study`` resumes it (e.g. when one call may not run longer
+than a few minutes), and the report covers the whole study; ``--timeout`` then counts per call.
 """
 
 import argparse
@@ -18,6 +22,7 @@ import optuna
 
 import autotune
 from autotune._api import load_study_result
+from autotune._isolation import TrialSpec, run_isolated
 
 WORKLOADS = Path(__file__).with_name("resnet50_workload.py")
 
@@ -33,10 +38,17 @@ def main() -> None:
     parser.add_argument("--out", default="resnet50.md")
     parser.add_argument("--confirm-rounds", type=int, default=3)
     parser.add_argument("--trial-timeout", type=float, default=600.0)
+    parser.add_argument("--study", help="study name; an existing one is resumed")
+    parser.add_argument("--repeat", type=int, default=3, help="isolated reruns of the best config (0: none)")
+    parser.add_argument("--report-only", action="store_true", help="report on --study without running trials")
     args = parser.parse_args()
 
-    study_name = f"resnet50-{args.variant}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    study_name = args.study or f"resnet50-{args.variant}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     start = time.time()
+    if args.report_only:
+        study, result = load_study_result(study_name, storage=args.storage, studies_dir=args.studies_dir)
+        print(report(study, result, float("nan"), args, repeats(study, result, args)))
+        return
     result = autotune.run(
         f"{WORKLOADS}:train_{args.variant}",
         space=args.space,
@@ -52,12 +64,47 @@ def main() -> None:
     )
     wall = time.time() - start
     study, _ = load_study_result(study_name, storage=args.storage, studies_dir=args.studies_dir)
-    print(report(study, result, wall, args))
+    print(report(study, result, wall, args, repeats(study, result, args)))
 
 
-def report(study: optuna.Study, result: autotune.Result, wall: float, args: argparse.Namespace) -> str:
+def repeats(study: optuna.Study, result: autotune.Result, args: argparse.Namespace) -> list[dict]:
+    """The best config (and, if it compiles, its eager twin for the break-even) as fresh isolated trials."""
+    best = result.best
+    if best is None or args.repeat < 1:
+        return []
+    space = autotune.load_space(args.space)
+    runs = [("best", best.config)] * args.repeat
+    if best.config.compile != "off":
+        runs.append(("eager twin", best.config.replace(compile="off")))
+    out = []
+    for i, (role, config) in enumerate(runs):
+        spec = TrialSpec(f"{WORKLOADS}:train_{args.variant}", config, space.budget,
+                         baseline_batch_size=space.baseline.batch_size)
+        o = run_isolated(spec, workdir=Path(args.studies_dir) / study.study_name / "repeats" / str(i),
+                         timeout=args.trial_timeout)
+        m = o.measurement
+        out.append({"role": role, "config": config.describe(), "status": o.status,
+                    "throughput": m.throughput if m else None, "spread": m.spread if m else None,
+                    "compile_seconds": m.compile_seconds if m else None,
+                    "sm_clock": m.extras.get("gpu.sm_clock_mhz.mean") if m else None})
+        print(out[-1], flush=True)
+    return out
+
+
+def _break_even(best_rate: float, compile_s: float, eager_rate: float) -> str:
+    if not (best_rate and eager_rate) or best_rate <= eager_rate:
+        return "compile does not pay off: the eager twin is as fast"
+    saved_per_sample = 1 / eager_rate - 1 / best_rate
+    samples = compile_s / saved_per_sample
+    return (f"{compile_s:.0f} s of compile pays off after {samples:,.0f} samples "
+            f"({samples / best_rate / 60:.1f} min of training at {best_rate:,.0f} img/s)")
+
+
+def report(study: optuna.Study, result: autotune.Result, wall: float, args: argparse.Namespace,
+           reruns: list[dict]) -> str:
     trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     created = min(t.datetime_start for t in trials)
+    span = (max(t.datetime_complete for t in trials) - created).total_seconds()
     best = result.best
     t95 = None
     if best is not None:
@@ -65,9 +112,12 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
             if t.user_attrs.get("status") == "ok" and t.values[0] >= 0.95 * best.throughput:
                 t95 = (t.datetime_complete - created).total_seconds()
                 break
+    # Everything in a trial's life (ask to tell) that is not train_fn running: sampling, storage, the
+    # trial process's start and teardown, loading the target.
     overheads = [
-        (t.user_attrs["wall_seconds"] - t.user_attrs.get("run_seconds", 0.0)) / t.user_attrs["wall_seconds"]
-        for t in trials if t.user_attrs.get("wall_seconds")
+        1 - t.user_attrs["run_seconds"] / (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in trials if t.user_attrs.get("run_seconds") and t.datetime_complete and t.datetime_start
+        and "duplicate_of" not in t.user_attrs and (t.datetime_complete - t.datetime_start).total_seconds() > 0
     ]
     hw = study.user_attrs["hardware"]
     lines = [
@@ -85,9 +135,10 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         f"| best found | {best.throughput:,.0f} img/s: `{best.config.describe()}` (trial #{best.number})" if best else "| best found | none |",
         f"| speed-up | {result.speedup:.2f}x |",
         f"| trials used | {len(trials)} (+{len(study.user_attrs.get('reference_metrics', []))} reference runs) |",
-        f"| wall time of the whole run | {wall / 60:.1f} min |",
+        f"| wall time of the whole run (this call) | {wall / 60:.1f} min |" if wall == wall else "",
+        f"| study span, first trial start to last trial end | {span / 60:.1f} min |",
         f"| time to 95% of the final best | {t95 / 60:.1f} min |" if t95 is not None else "| time to 95% | n/a |",
-        f"| per-trial overhead (process start, import, teardown) / trial wall | median {statistics.median(overheads) * 100:.1f}% |" if overheads else "",
+        f"| per-trial overhead (sampling, storage, process start and teardown) / trial wall, ask to tell | median {statistics.median(overheads) * 100:.1f}%, max {max(overheads) * 100:.1f}% |" if overheads else "",
         "",
         "| # | status | config | img/s | spread | compile s | wall s | accuracy loss |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
@@ -107,6 +158,23 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
             spread = (max(values) - min(values)) / statistics.median(values) * 100 if values else float("nan")
             lines.append(f"- trial #{number}: {', '.join(f'{v:,.0f}' for v in values)}; median "
                          f"{statistics.median(values):,.0f}; spread {spread:.1f}%")
+    if reruns:
+        rates = [r["throughput"] for r in reruns if r["role"] == "best" and r["throughput"]]
+        lines += ["", f"The best config again, {len(rates)} isolated trials (img/s, window spread, SM MHz):", ""]
+        for r in reruns:
+            rate = f"{r['throughput']:,.0f}" if r["throughput"] else r["status"]
+            spread = f"{r['spread'] * 100:.1f}%" if r["spread"] is not None else "-"
+            lines.append(f"- {r['role']}: `{r['config']}`: {rate}; spread {spread}; SM {r['sm_clock'] or '-'} MHz")
+        if len(rates) >= 2:
+            lines.append(f"- repeat spread (max - min) / median: "
+                         f"{(max(rates) - min(rates)) / statistics.median(rates) * 100:.2f}%")
+        twin = next((r for r in reruns if r["role"] == "eager twin" and r["throughput"]), None)
+        # The tuner's trial of the best config compiled it first; the reruns mostly hit the inductor cache.
+        first = study.trials[best.number].user_attrs.get("compile_seconds", 0.0) if best else 0.0
+        compile_s = max([first] + [(r["compile_seconds"] or 0.0) for r in reruns if r["role"] == "best"])
+        if twin and rates:
+            lines.append(f"- break-even: {_break_even(statistics.median(rates), compile_s, twin['throughput'])} "
+                         f"(first compile of the run; a cached recompile is seconds)")
     text = "\n".join(line for line in lines if line is not None) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
