@@ -11,7 +11,8 @@ import optuna
 from autotune._config import Result, TrialConfig
 from autotune._errors import StudyError
 from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
-from autotune._tuner import Tuner, summarize_study
+from autotune._results import summarize_study
+from autotune._tuner import Tuner
 
 
 def run(train_fn: Union[Callable[..., Any], str], **options: Any) -> Result:

@@ -93,7 +93,7 @@ def _describe(trial: FrozenTrial) -> str:
 
 
 def _result(study: optuna.Study) -> Any:
-    from autotune._tuner import summarize_study
+    from autotune._results import summarize_study
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # several device models: the summary says so itself

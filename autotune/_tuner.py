@@ -5,13 +5,10 @@ It never runs user code itself: every run of ``train_fn`` happens in a trial pro
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import math
-import os
 import socket
-import threading
 import statistics
 import time
 import warnings
@@ -22,12 +19,23 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune import _hardware, _space
-from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord, dumps
+from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord
 from autotune._errors import StudyError, WorkloadError
 from autotune._isolation import TrialSpec, run_isolated, target_of
 from autotune._rules import infeasible_reason
 from autotune._sampler import GuidedSampler
+from autotune._progress import _Progress
+from autotune._results import (
+    _best_record,
+    _budget_trials,
+    _distinct_configs,
+    _feasible,
+    _with_path,
+    summarize_study,
+    write_best_config,
+)
 from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
+from autotune._workers import _device_identity, _Heartbeat, _worker_alive, _worker_id
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
@@ -652,264 +660,6 @@ class Tuner:
         if ref_m is not None and best_m is not None:
             report["accuracy_loss"] = ref_m - best_m if self.metric_direction == "maximize" else best_m - ref_m
         study.set_user_attr("confirmation", report)
-
-
-# -- reading a study (also used by `autotune best` and load_best) ----------------------------------
-def _record(trial: FrozenTrial) -> Optional[TrialRecord]:
-    config = trial.user_attrs.get("config")
-    if config is None or trial.values is None:
-        return None
-    feasible = all(v <= 0 for v in trial.constraints.values())
-    return TrialRecord(
-        number=trial.number,
-        config=TrialConfig.from_dict(config),
-        throughput=trial.values[0],
-        accuracy_loss=trial.values[1],
-        status=trial.user_attrs.get("status", "ok"),
-        feasible=feasible,
-        device=trial.user_attrs.get("device", ""),
-    )
-
-
-def _records(study: optuna.Study) -> list[TrialRecord]:
-    out = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        record = _record(trial)
-        if record is not None:
-            out.append(record)
-    return out
-
-
-def _feasible(study: optuna.Study) -> list[TrialRecord]:
-    return [r for r in _records(study) if r.feasible and r.status == "ok"]
-
-
-def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
-    """The fastest feasible trial; after a top-K confirmation, its winner by median."""
-    feasible = _feasible(study)
-    confirmed = study.user_attrs.get("top_k_confirmation")
-    if confirmed:
-        winner = int(confirmed["winner"])
-        medians = {int(k): v for k, v in confirmed["medians"].items()}
-        confirmed_configs = [r.config for r in feasible if r.number in medians]
-        # A config first measured after the confirmation (e.g. on a resume) can still beat the winner;
-        # copies of confirmed configs (duplicate_of) cannot.
-        fastest_unconfirmed = max((r.throughput for r in feasible if r.config not in confirmed_configs), default=0.0)
-        for record in feasible:
-            if record.number == winner and medians[winner] >= fastest_unconfirmed:
-                return dataclasses.replace(record, throughput=medians[winner])
-    return max(feasible, key=lambda r: r.throughput, default=None)
-
-
-def _distinct_configs(study: optuna.Study) -> set[str]:
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    return {json.dumps(t.params, sort_keys=True) for t in done}
-
-
-def _budget_trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[FrozenTrial]:
-    """Trials that spend the budget: configs ruled out by the memory rule cost no run and do not."""
-    return [t for t in study.get_trials(deepcopy=False, states=states) if t.user_attrs.get("status") != "infeasible"]
-
-
-def _baseline_throughput(study: optuna.Study) -> float:
-    """The reference run's throughput, or its median from the top-K re-measurement when it took part,
-    so that the speed-up compares medians measured the same way."""
-    confirmed = study.user_attrs.get("top_k_confirmation") or {}
-    for number, median in (confirmed.get("medians") or {}).items():
-        if study.trials[int(number)].user_attrs.get("role") == "reference":
-            return median
-    return study.user_attrs.get("baseline_throughput", math.nan)
-
-
-def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
-    """Read a study's best feasible config, baseline and Pareto set."""
-    attrs = study.user_attrs
-    if "baseline_config" not in attrs:
-        raise StudyError(f"study {study.study_name!r} has no reference run yet; run `autotune tune` first")
-    feasible_numbers = {r.number for r in _feasible(study)}
-    pareto = tuple(
-        r for r in (_record(t) for t in study.best_trials) if r is not None and r.number in feasible_numbers
-    )
-    per_device: dict[str, TrialRecord] = {}
-    for record in _feasible(study):
-        if record.device not in per_device or record.throughput > per_device[record.device].throughput:
-            per_device[record.device] = record
-    if len(per_device) > 1:
-        warnings.warn(
-            f"study {study.study_name!r} has trials from {len(per_device)} device models "
-            f"({', '.join(sorted(per_device))}); their throughputs are not comparable, see best_per_device",
-            stacklevel=2,
-        )
-    return Result(
-        best_per_device=per_device if len(per_device) > 1 else {},
-        study_name=study.study_name,
-        storage=storage_url,
-        best=_best_record(study),
-        baseline=TrialConfig.from_dict(attrs["baseline_config"]),
-        baseline_throughput=_baseline_throughput(study),
-        reference_metric=attrs.get("reference_metric"),
-        metric_noise=attrs.get("metric_noise", 0.0),
-        pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),
-        removed_knobs=dict(attrs.get("removed_knobs", {})),
-    )
-
-
-def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
-    best = result.best
-    trial = study.trials[best.number] if best else None
-    measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
-    return {
-        "study": study.study_name,
-        "target": study.user_attrs.get("target"),
-        "config": best.config.to_dict() if best else None,
-        "trial": best.number if best else None,
-        "throughput": best.throughput if best else None,
-        "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
-        "accuracy_loss": best.accuracy_loss if best else None,
-        "baseline": {"config": result.baseline.to_dict(), "throughput": result.baseline_throughput},
-        "reference_metric": result.reference_metric,
-        "metric_noise": result.metric_noise,
-        "measurement": measurement,
-        "removed_knobs": result.removed_knobs,
-        "fingerprint": study.user_attrs.get("hardware", {}),
-        "confirmation": study.user_attrs.get("confirmation"),
-        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:
-    """Write ``studies/<study>/best_config.json`` atomically."""
-    path = study_dir(study.study_name, studies_dir) / "best_config.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(dumps(best_config_document(study, result)) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def _with_path(result: Result, path: Path) -> Result:
-    return dataclasses.replace(result, best_config_path=str(path))
-
-
-# -- progress --------------------------------------------------------------------------------------
-class _Progress:
-    """A rich progress bar: trial number, current config, best so far. Silent when disabled."""
-
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled = enabled
-        self.total = total
-        self._progress: Any = None
-        self._task: Any = None
-        self._best = "best: -"
-
-    def __enter__(self) -> "_Progress":
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(
-                TextColumn("[bold]trial"),
-                MofNCompleteColumn(),
-                BarColumn(bar_width=20),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-            )
-            self._progress.__enter__()
-            self._task = self._progress.add_task("starting", total=self.total)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-
-    def status(self, text: str) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, description=f"{text} | {self._best}")
-
-    def set_best(self, record: Optional[TrialRecord]) -> None:
-        if record is not None:
-            self._best = f"best: {record.throughput:,.0f}/s (#{record.number})"
-
-    def start_trial(self, number: int, config: TrialConfig) -> None:
-        self.status(f"#{number} {config.describe()}")
-
-    def end_trial(self, trial: FrozenTrial) -> None:
-        if self._progress is None:
-            return
-        status = trial.user_attrs.get("status", "?")
-        rate = trial.user_attrs.get("throughput", 0.0)
-        config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
-        self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}")
-
-    def set_completed(self, count: int) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, completed=count)
-
-
-# -- worker liveness --------------------------------------------------------------------------------
-def _process_start(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def _worker_id() -> str:
-    """host:pid:process-start-time, so a reused pid is not taken for the same worker."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
-
-
-def _worker_alive(worker: str) -> bool:
-    _, pid, start = worker.rsplit(":", 2)
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return not start or _process_start(int(pid)) == start
-
-
-class _Heartbeat:
-    """Records Optuna heartbeats for a running trial where the storage keeps them."""
-
-    def __init__(self, storage: Any, trial_id: int) -> None:
-        self.storage, self.trial_id = storage, trial_id
-        self.interval = getattr(storage, "heartbeat_interval", None) if hasattr(storage, "record_heartbeat") else None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.storage.record_heartbeat(self.trial_id)
-            except Exception:
-                return
-
-    def __enter__(self) -> "_Heartbeat":
-        if self.interval:
-            self.storage.record_heartbeat(self.trial_id)
-            self._thread = threading.Thread(target=self._loop, name="autotune-heartbeat", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
-def _device_identity(caps: _hardware.Capabilities) -> dict[str, str]:
-    """Which host and device this worker's trials run on, so different GPUs are never compared as equals."""
-    identity = {"hostname": socket.gethostname()}
-    if caps.cuda:
-        nvml = _hardware.nvml_identity(_hardware._visible_index(0))
-        identity["gpu_name"] = nvml.get("gpu_name", caps.gpu_name)
-        identity["gpu_uuid"] = nvml.get("gpu_uuid", "")
-        identity["device"] = identity["gpu_name"]
-    else:
-        identity["device"] = f"cpu ({caps.cpu_count} cores)"
-    return identity
 
 
 class _BaselineAsker:

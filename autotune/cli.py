@@ -255,7 +255,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
 
 def _best(args: argparse.Namespace) -> int:
     from autotune._api import load_study_result
-    from autotune._tuner import best_config_document
+    from autotune._results import best_config_document
 
     study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     doc = best_config_document(study, result)

@@ -1,15 +1,19 @@
 """Helpers for testing code that uses autotune without the hardware it measures.
 
 ``FakeNvml`` stands in for the ``pynvml`` module in ``GpuSampler(nvml=...)``, answering from scripted
-readings, so the NVML summaries can be tested on a machine without a GPU.
+readings, so the NVML summaries can be tested on a machine without a GPU. ``replay_train`` is a
+``train_fn`` that replays a recorded table (``replay_env`` sets it up, ``config_key`` names a config in a
+scripted-noise table), so a real study runs on recorded measurements.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
-__all__ = ["FakeNvml"]
+from autotune._simulate import config_key, replay_env, replay_train
+
+__all__ = ["FakeNvml", "config_key", "replay_env", "replay_train"]
 
 
 class FakeNvml:

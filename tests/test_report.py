@@ -16,7 +16,7 @@ from autotune import ReportError, Tuner
 from autotune._diagnose import DATA_WAIT_HIGH, MEMORY_CAPACITY_BOUND, next_step, stored_diagnoses
 from autotune._hardware import Capabilities
 from autotune._report import ARTIFACT_FILES, NOTE_HEADING, PLOTS, _TrialRef, annotate_study, study_artifacts, write_report
-from autotune._tuner import summarize_study
+from autotune._results import summarize_study
 from test_cli import assert_one_line_error, cli
 from workloads import WORKLOADS
 

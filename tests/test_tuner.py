@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 import workloads
 from autotune import StudyError, TrialConfig, Tuner, WorkloadError, load_best, load_space, load_study_result
 from autotune._space import restrict_to
-from autotune._tuner import summarize_study
+from autotune._results import summarize_study
 from workloads import WORKLOADS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -1,0 +1,62 @@
+"""The tuner's progress bar: trials done, the current config, the best so far."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from optuna.trial import FrozenTrial
+
+from autotune._config import TrialConfig, TrialRecord
+
+
+class _Progress:
+    """A rich progress bar: trial number, current config, best so far. Silent when disabled."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled = enabled
+        self.total = total
+        self._progress: Any = None
+        self._task: Any = None
+        self._best = "best: -"
+
+    def __enter__(self) -> "_Progress":
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]trial"),
+                MofNCompleteColumn(),
+                BarColumn(bar_width=20),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting", total=self.total)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def status(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=f"{text} | {self._best}")
+
+    def set_best(self, record: Optional[TrialRecord]) -> None:
+        if record is not None:
+            self._best = f"best: {record.throughput:,.0f}/s (#{record.number})"
+
+    def start_trial(self, number: int, config: TrialConfig) -> None:
+        self.status(f"#{number} {config.describe()}")
+
+    def end_trial(self, trial: FrozenTrial) -> None:
+        if self._progress is None:
+            return
+        status = trial.user_attrs.get("status", "?")
+        rate = trial.user_attrs.get("throughput", 0.0)
+        config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
+        self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}")
+
+    def set_completed(self, count: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=count)

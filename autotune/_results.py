@@ -1,0 +1,157 @@
+"""Reading a study: its trials as records, the best feasible config, the summary and best_config.json.
+
+Used by the tuner while it runs, and by ``autotune best``, ``load_best`` and the report afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune._config import Result, TrialConfig, TrialRecord, dumps
+from autotune._errors import StudyError
+from autotune._storage import study_dir
+
+
+def _record(trial: FrozenTrial) -> Optional[TrialRecord]:
+    config = trial.user_attrs.get("config")
+    if config is None or trial.values is None:
+        return None
+    feasible = all(v <= 0 for v in trial.constraints.values())
+    return TrialRecord(
+        number=trial.number,
+        config=TrialConfig.from_dict(config),
+        throughput=trial.values[0],
+        accuracy_loss=trial.values[1],
+        status=trial.user_attrs.get("status", "ok"),
+        feasible=feasible,
+        device=trial.user_attrs.get("device", ""),
+    )
+
+
+def _records(study: optuna.Study) -> list[TrialRecord]:
+    out = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        record = _record(trial)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _feasible(study: optuna.Study) -> list[TrialRecord]:
+    return [r for r in _records(study) if r.feasible and r.status == "ok"]
+
+
+def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
+    """The fastest feasible trial; after a top-K confirmation, its winner by median."""
+    feasible = _feasible(study)
+    confirmed = study.user_attrs.get("top_k_confirmation")
+    if confirmed:
+        winner = int(confirmed["winner"])
+        medians = {int(k): v for k, v in confirmed["medians"].items()}
+        confirmed_configs = [r.config for r in feasible if r.number in medians]
+        # A config first measured after the confirmation (e.g. on a resume) can still beat the winner;
+        # copies of confirmed configs (duplicate_of) cannot.
+        fastest_unconfirmed = max((r.throughput for r in feasible if r.config not in confirmed_configs), default=0.0)
+        for record in feasible:
+            if record.number == winner and medians[winner] >= fastest_unconfirmed:
+                return dataclasses.replace(record, throughput=medians[winner])
+    return max(feasible, key=lambda r: r.throughput, default=None)
+
+
+def _distinct_configs(study: optuna.Study) -> set[str]:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return {json.dumps(t.params, sort_keys=True) for t in done}
+
+
+def _budget_trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[FrozenTrial]:
+    """Trials that spend the budget: configs ruled out by the memory rule cost no run and do not."""
+    return [t for t in study.get_trials(deepcopy=False, states=states) if t.user_attrs.get("status") != "infeasible"]
+
+
+def _baseline_throughput(study: optuna.Study) -> float:
+    """The reference run's throughput, or its median from the top-K re-measurement when it took part,
+    so that the speed-up compares medians measured the same way."""
+    confirmed = study.user_attrs.get("top_k_confirmation") or {}
+    for number, median in (confirmed.get("medians") or {}).items():
+        if study.trials[int(number)].user_attrs.get("role") == "reference":
+            return median
+    return study.user_attrs.get("baseline_throughput", math.nan)
+
+
+def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
+    """Read a study's best feasible config, baseline and Pareto set."""
+    attrs = study.user_attrs
+    if "baseline_config" not in attrs:
+        raise StudyError(f"study {study.study_name!r} has no reference run yet; run `autotune tune` first")
+    feasible_numbers = {r.number for r in _feasible(study)}
+    pareto = tuple(
+        r for r in (_record(t) for t in study.best_trials) if r is not None and r.number in feasible_numbers
+    )
+    per_device: dict[str, TrialRecord] = {}
+    for record in _feasible(study):
+        if record.device not in per_device or record.throughput > per_device[record.device].throughput:
+            per_device[record.device] = record
+    if len(per_device) > 1:
+        warnings.warn(
+            f"study {study.study_name!r} has trials from {len(per_device)} device models "
+            f"({', '.join(sorted(per_device))}); their throughputs are not comparable, see best_per_device",
+            stacklevel=2,
+        )
+    return Result(
+        best_per_device=per_device if len(per_device) > 1 else {},
+        study_name=study.study_name,
+        storage=storage_url,
+        best=_best_record(study),
+        baseline=TrialConfig.from_dict(attrs["baseline_config"]),
+        baseline_throughput=_baseline_throughput(study),
+        reference_metric=attrs.get("reference_metric"),
+        metric_noise=attrs.get("metric_noise", 0.0),
+        pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),
+        removed_knobs=dict(attrs.get("removed_knobs", {})),
+    )
+
+
+def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
+    best = result.best
+    trial = study.trials[best.number] if best else None
+    measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
+    return {
+        "study": study.study_name,
+        "target": study.user_attrs.get("target"),
+        "config": best.config.to_dict() if best else None,
+        "trial": best.number if best else None,
+        "throughput": best.throughput if best else None,
+        "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
+        "accuracy_loss": best.accuracy_loss if best else None,
+        "baseline": {"config": result.baseline.to_dict(), "throughput": result.baseline_throughput},
+        "reference_metric": result.reference_metric,
+        "metric_noise": result.metric_noise,
+        "measurement": measurement,
+        "removed_knobs": result.removed_knobs,
+        "fingerprint": study.user_attrs.get("hardware", {}),
+        "confirmation": study.user_attrs.get("confirmation"),
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:
+    """Write ``studies/<study>/best_config.json`` atomically."""
+    path = study_dir(study.study_name, studies_dir) / "best_config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(dumps(best_config_document(study, result)) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _with_path(result: Result, path: Path) -> Result:
+    return dataclasses.replace(result, best_config_path=str(path))
