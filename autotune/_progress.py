@@ -55,7 +55,11 @@ class _Progress:
         status = trial.user_attrs.get("status", "?")
         rate = trial.user_attrs.get("throughput", 0.0)
         config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
-        self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}")
+        note = ""
+        if status == "ok" and trial.constraints.get("accuracy", 0.0) > 0:
+            # Measured, but it lost more accuracy than allowed: it cannot be the best, whatever its speed.
+            note = f"  [accuracy loss {trial.user_attrs.get('accuracy_loss', float('nan')):+.3f} over bound]"
+        self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}{note}", markup=False)
 
     def set_completed(self, count: int) -> None:
         if self._progress is not None:
