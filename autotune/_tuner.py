@@ -230,21 +230,16 @@ class Tuner:
             return  # not a point of the space: the sampler could not place it
         distributions = space.distributions()
         asked = asker.params
-        measurement = reference["reference_measurement"]
-        user_attrs = {k: v for k, v in measurement.items() if k != "extras"}
+        measurement = Measurement.from_dict(reference["reference_measurement"])
+        user_attrs = _measurement_attrs(measurement)
         user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference", worker=_worker_id(),
-                          throughput_spread=Measurement.from_dict(measurement).spread, **self._identity)
-        user_attrs.update({f"extra:{k}": v for k, v in (measurement.get("extras") or {}).items()})
-        from autotune import _diagnose
-
-        diagnosis = _diagnose.diagnose({**user_attrs, "number": len(study.trials), "state": "COMPLETE"})
-        if diagnosis is not None:
-            user_attrs.update(diagnosis=diagnosis.label, diagnosis_evidence=diagnosis.evidence)
+                          throughput_spread=measurement.spread, **self._identity)
+        user_attrs.update(_diagnosis_attrs(study, {**user_attrs, "number": len(study.trials), "state": "COMPLETE"}))
         threshold = self.max_accuracy_loss + reference["metric_noise"]
         study.add_trial(optuna.trial.create_trial(
             params=asked,
             distributions={k: distributions[k] for k in asked},
-            values=[measurement["throughput"], 0.0],
+            values=[measurement.throughput, 0.0],
             user_attrs=user_attrs,
             system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -threshold},
         ))
@@ -326,11 +321,8 @@ class Tuner:
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
         trial.set_user_attr("run_seconds", round(outcome.run_seconds, 3))
         if outcome.status == "pruned" and outcome.measurement is not None:
-            for key, value in outcome.measurement.to_dict().items():
-                if key != "extras":
-                    trial.set_user_attr(key, value)
-            for key, value in outcome.measurement.extras.items():
-                trial.set_user_attr(f"extra:{key}", value)
+            for key, value in _measurement_attrs(outcome.measurement).items():
+                trial.set_user_attr(key, value)
             trial.set_user_attr("pruned_reason", outcome.error)
             self._record_diagnosis(study, trial, "PRUNED")
             study.tell(trial, state=TrialState.PRUNED)
@@ -338,11 +330,8 @@ class Tuner:
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
             loss = self._accuracy_loss(study, m.metric)
-            for key, value in m.to_dict().items():
-                if key != "extras":
-                    trial.set_user_attr(key, value)
-            for key, value in m.extras.items():
-                trial.set_user_attr(f"extra:{key}", value)
+            for key, value in _measurement_attrs(m).items():
+                trial.set_user_attr(key, value)
             trial.set_user_attr("throughput_spread", m.spread)
             trial.set_user_attr("accuracy_loss", loss)
             trial.set_constraint("failure", 0.0)
@@ -370,17 +359,9 @@ class Tuner:
     def _record_diagnosis(study: optuna.Study, trial: optuna.Trial, state: str) -> None:
         """Store what held this trial back on the trial itself, judged against the study so far (a
         finished trial takes no new attributes; the study-level ``diagnoses`` are revised at the end)."""
-        from autotune import _diagnose
-
         current = {**trial.user_attrs, "number": trial.number, "state": state}
-        try:
-            diagnosis = _diagnose.diagnose(current, [*_diagnose.measurements(study), current])
-        except Exception as exc:  # a diagnosis must never cost a trial its result
-            warnings.warn(f"no diagnosis for trial {trial.number}: {exc}", stacklevel=2)
-            return
-        if diagnosis is not None:
-            trial.set_user_attr("diagnosis", diagnosis.label)
-            trial.set_user_attr("diagnosis_evidence", diagnosis.evidence)
+        for key, value in _diagnosis_attrs(study, current).items():
+            trial.set_user_attr(key, value)
 
     def _oom_configs(self, study: optuna.Study) -> list[tuple[int, dict[str, Any]]]:
         return [
@@ -660,6 +641,25 @@ class Tuner:
         if ref_m is not None and best_m is not None:
             report["accuracy_loss"] = ref_m - best_m if self.metric_direction == "maximize" else best_m - ref_m
         study.set_user_attr("confirmation", report)
+
+
+def _measurement_attrs(m: Measurement) -> dict[str, Any]:
+    """A measurement as trial user attributes: its fields, and each extra as ``extra:<name>``."""
+    attrs = {k: v for k, v in m.to_dict().items() if k != "extras"}
+    attrs.update({f"extra:{k}": v for k, v in m.extras.items()})
+    return attrs
+
+
+def _diagnosis_attrs(study: optuna.Study, current: dict[str, Any]) -> dict[str, str]:
+    """``diagnosis`` and ``diagnosis_evidence`` for a trial about to be told, judged against the study."""
+    from autotune import _diagnose
+
+    try:
+        diagnosis = _diagnose.diagnose(current, [*_diagnose.measurements(study), current])
+    except Exception as exc:  # a diagnosis must never cost a trial its result
+        warnings.warn(f"no diagnosis for trial {current.get('number')}: {exc}", stacklevel=2)
+        return {}
+    return {"diagnosis": diagnosis.label, "diagnosis_evidence": diagnosis.evidence} if diagnosis else {}
 
 
 class _BaselineAsker:
