@@ -38,6 +38,9 @@ from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, stud
 from autotune._workers import _device_identity, _Heartbeat, _worker_alive, _worker_id
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
+# Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
+# costs minutes on a few cores, so both are tried as moves rather than assumed.
+CPU_PRIORS = {"precision": ("fp32", "bf16"), "compile": ("off", "default")}
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
 
 
@@ -252,6 +255,7 @@ class Tuner:
             return optuna.samplers.RandomSampler(seed=self.seed)
         return GuidedSampler(
             search_space=space.distributions(),
+            priors=None if self._caps.cuda else CPU_PRIORS,
             canonical=space.asked_params,
             seed=None if self.mode == "join" else self.seed + self._resumed_trials,
         )
@@ -422,7 +426,7 @@ class Tuner:
         reference has run, so bad input leaves no half-made study behind.
         """
         started = time.monotonic()
-        caps = self.capabilities or _hardware.probe(target=self.target)
+        caps = self._caps = self.capabilities or _hardware.probe(target=self.target)
         self._storage, storage_label = open_storage(self.storage_url, self.studies_dir, grace_period=self.grace_period)
         self._identity = _device_identity(caps)
         if self.mode == "join":
