@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,7 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
 
 
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig))
+_ENUMERATION_LIMIT = 100_000  # configs; above it ``SearchSpace.size`` is the nominal product
 
 
 def _ask_order() -> tuple[str, ...]:
@@ -123,12 +126,21 @@ class SearchSpace:
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
-        n = 1
+        """Distinct configs: knobs that cannot matter for a config (prefetch without workers, the other
+        loader's knobs, graphs under a compile mode that captures its own) do not multiply it."""
+        nominal = 1
         for knob in self.knobs.values():
-            n *= len(knob.values)
-        return n
+            nominal *= len(knob.values)
+        if nominal > _ENUMERATION_LIMIT:
+            return nominal  # an upper bound; enumerating would cost more than it tells
+        names = list(self.knobs)
+        distinct = {
+            json.dumps(self.asked_params(dict(zip(names, values))), sort_keys=True, default=str)
+            for values in itertools.product(*(self.knobs[n].values for n in names))
+        }
+        return len(distinct)
 
     def without(self, knob: str, value: Any, reason: str) -> "SearchSpace":
         """This space with one value of one knob removed, recording why."""

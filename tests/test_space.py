@@ -235,3 +235,15 @@ def test_an_enqueued_config_is_sampled_as_given(write_space) -> None:
     assert config == TrialConfig(precision="bf16", batch_size=96, channels_last=True, compile="default",
                                  cuda_graphs=True, num_workers=2, prefetch_factor=4, persistent_workers=True,
                                  memory_fraction=0.75, cpu_threads=3)
+
+
+def test_size_counts_distinct_configs_not_knobs_that_cannot_matter(write_space) -> None:
+    space = load_space(write_space(
+        "knobs:\n"
+        "  num_workers: [0, 2]\n"
+        "  prefetch_factor: [2, 4]\n"  # only asked with workers: 1 + 2 configs, not 4
+        "  compile: ['off', max-autotune]\n"
+        "  cuda_graphs: [false, true]\n"  # max-autotune captures graphs itself: 2 + 1, not 4
+        "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n"
+    ))
+    assert space.size == 3 * 3
