@@ -236,9 +236,8 @@ class TrialContext:
             if step + 1 > warmup and step + 1 <= timed_end and (step + 1 - warmup) % window_steps == 0:
                 window = self.recorder.end_window()
                 window.data_wait_seconds += stalls.collect()
-                if sampler is not None and step + 1 == timed_end:
-                    sampler.stop()
-                    self.extras.update(sampler.summary())
+                if step + 1 == timed_end:
+                    self._stop_sampling(sampler)
                 self._check_finite()
                 if len(self.recorder.windows) == 1:
                     self._check_hopeless(sampler)
@@ -280,12 +279,16 @@ class TrialContext:
         if len(self.recorder.windows) == 1:
             self._check_hopeless(None)
 
+    def _stop_sampling(self, sampler: Any) -> None:
+        """End the NVML sampling of the timed windows and keep its summary with the measurement."""
+        if sampler is not None:
+            sampler.stop()
+            self.extras.update(sampler.summary())
+
     def _check_hopeless(self, sampler: Any) -> None:
         rate = self.recorder.windows[0].throughput
         if self.prune_below is not None and rate < self.prune_below:
-            if sampler is not None:
-                sampler.stop()
-                self.extras.update(sampler.summary())
+            self._stop_sampling(sampler)
             raise TrialPruned(
                 f"pruned: first window ran at {rate:,.1f} samples/s, below {self.prune_below:,.1f} "
                 "(the pruning fraction of the best so far)"

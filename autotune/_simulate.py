@@ -203,6 +203,7 @@ class ReplayRun:
     best_fraction: float  # true throughput of the top-K pick over the table's best
     incumbent_fractions: tuple[float, ...]  # true fraction of the apparent best after each trial
     pruned_by_rule: int  # proposals the memory rule answered without a run
+    measured: tuple[dict[str, Any], ...] = ()  # the configs looked up, in trial order
 
 
 def replay(
@@ -232,6 +233,7 @@ def replay(
     ooms: list[tuple[int, dict[str, Any]]] = []
     seen: list[tuple[float, float, dict[str, Any]]] = []  # (observed, true, params) of feasible trials
     fractions: list[float] = []
+    measured: list[dict[str, Any]] = []
     reached, pruned, asked = trials + 1, 0, 0
     while len(fractions) < trials and asked < trials * 50:
         asked += 1
@@ -245,6 +247,7 @@ def replay(
             pruned += 1
             continue
         row, observed = lookup.measure(params)
+        measured.append(params)
         feasible = observed is not None and table.feasible(row, max_accuracy_loss)
         trial.set_user_attr("status", row.status)
         trial.set_constraint("failure", 0.0 if feasible else 1.0)
@@ -265,6 +268,7 @@ def replay(
         best_fraction=_top_k_pick(seen, lookup, top_k, confirm_rounds) / best_true if best_true else 0.0,
         incumbent_fractions=tuple(fractions),
         pruned_by_rule=pruned,
+        measured=tuple(measured),
     )
 
 

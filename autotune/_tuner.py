@@ -393,11 +393,11 @@ class Tuner:
         for batch in [failed.batch_size, *batches]:
             for precision in precisions:
                 candidate = failed.replace(batch_size=batch, precision=precision)
-                reason = infeasible_reason(candidate.to_dict(), ooms)
-                asked = space.asked_params(candidate.to_dict())
-                if candidate == failed or reason is None or json.dumps(asked, sort_keys=True) in taken:
+                if candidate == failed:
                     continue
-                if any(k not in distributions for k in asked):
+                reason = infeasible_reason(candidate.to_dict(), ooms)
+                asked = space.asked_params(candidate.to_dict())  # only searchable knobs are asked
+                if reason is None or json.dumps(asked, sort_keys=True) in taken:
                     continue
                 study.add_trial(optuna.trial.create_trial(
                     state=TrialState.PRUNED,
