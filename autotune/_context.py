@@ -95,10 +95,7 @@ class TrialContext:
         if workers > 0:
             options["prefetch_factor"] = cfg.prefetch_factor
             options["persistent_workers"] = cfg.persistent_workers
-        if shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed)
-            options["sampler"] = torch.utils.data.RandomSampler(dataset, generator=generator)
+        options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle)
         options.update(kwargs)
         return torch.utils.data.DataLoader(dataset, **options)
 
@@ -190,6 +187,13 @@ class TrialContext:
         """Yield device batches: warm-up steps, then the timed windows, until the budget is spent.
 
         The loader is restarted as often as needed. Outside a study it yields one epoch, untimed.
+
+        A DataLoader with workers from ``ctx.loader`` (or ``image_loader``'s torch path) is also restarted
+        halfway through the warm-up, at the same place in the same sample order. Its workers keep
+        decoding while the first steps are slow (compile, cuDNN benchmarking, graph capture), so by the
+        end of the warm-up they have a backlog of ``num_workers x prefetch_factor`` batches. Timed
+        windows served from that backlog would clock a loader-bound config at its compute speed. The
+        restart drops the backlog, and the pipeline's cold start falls in the rest of the warm-up.
         """
         if self.budget is None:
             for batch in loader:
@@ -200,8 +204,15 @@ class TrialContext:
         sampler = self._gpu_sampler()
         stalls = _DeviceInputWait(self.device)
         iterator = iter(loader)
+        order = _resumable_order(loader)
+        restart_at = warmup // 2 if warmup >= 2 and order is not None else None
+        epoch_samples = 0
         start = time.perf_counter()
         for step in range(steps):
+            if step == restart_at:
+                assert order is not None
+                order.resume_at(epoch_samples)  # same samples, same order: only the backlog is dropped
+                iterator = iter(loader)
             if step >= warmup and step < timed_end and (step - warmup) % window_steps == 0:
                 self.recorder.begin_window()
                 if sampler is not None and step == warmup:
@@ -212,6 +223,7 @@ class TrialContext:
                 batch = next(iterator)
             except StopIteration:
                 iterator = iter(loader)
+                epoch_samples = 0
                 batch = next(iterator, None)
                 if batch is None:
                     raise KnobError(
@@ -223,6 +235,7 @@ class TrialContext:
             stalls.end(mark, wait)
             yield batch
             samples = _batch_len(batch)
+            epoch_samples += samples
             self._steps_done += 1
             self._samples_done += samples
             if self.recorder.in_window:
@@ -321,6 +334,59 @@ class TrialContext:
             graph_replays=sum(s.graph_replays for s in self._train_steps),
             extras=self.extras,
         )
+
+
+class DataOrder(torch.utils.data.Sampler):
+    """The sample order of ``ctx.loader``: fixed by the seed and the epoch, never by the batch size.
+
+    Each ``iter()`` starts the next epoch, shuffled afresh, unless ``resume_at`` asked to continue the
+    current one: then the next ``iter()`` yields the rest of it, so a DataLoader can be restarted
+    without changing which samples a trial sees.
+
+    Args:
+        n: Dataset length.
+        seed: The trial's seed.
+        shuffle: A new permutation each epoch; otherwise ``0 .. n-1``.
+    """
+
+    def __init__(self, n: int, *, seed: int, shuffle: bool) -> None:
+        self.n = n
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = -1
+        self._resume: Optional[int] = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def resume_at(self, consumed: int) -> None:
+        """Make the next ``iter()`` continue this epoch after its first ``consumed`` samples."""
+        self._resume = consumed
+
+    def __iter__(self) -> Iterator[int]:
+        if self._resume is None or self.epoch < 0:
+            self.epoch, skip = self.epoch + 1, 0
+        else:
+            skip = self._resume
+        self._resume = None
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.n, generator=generator).tolist()
+        else:
+            order = list(range(self.n))
+        return iter(order[skip:])
+
+
+def _resumable_order(source: Any) -> Optional[DataOrder]:
+    """The ``DataOrder`` of a DataLoader with workers behind ``source`` (``ctx.loader``, ``image_loader``'s torch path).
+
+    A loader built some other way is not restarted: its order could not be kept.
+    """
+    for candidate in (source, getattr(source, "loader", None)):
+        if (isinstance(candidate, torch.utils.data.DataLoader) and candidate.num_workers > 0
+                and isinstance(candidate.sampler, DataOrder)):
+            return candidate.sampler
+    return None
 
 
 class _DeviceInputWait:

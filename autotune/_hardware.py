@@ -115,7 +115,7 @@ def _probe_here() -> Capabilities:
         torchvision=tv,
         python=platform.python_version(),
         hostname=socket.gethostname(),
-        cpu_count=os.cpu_count() or 1,
+        cpu_count=usable_cpus(),
         compile=compile_ok,
         compile_reason=compile_reason,
         **_probe_dali(),
@@ -129,6 +129,14 @@ def _probe_dali() -> dict[str, Any]:
 
     ok, detail = availability()
     return {"dali": ok, "extras": {"dali_version" if ok else "dali_reason": detail}}
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on: a job pinned with taskset or a cgroup cpuset sees its share, not the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Capabilities:

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import _hardware, _space
 from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord
 from autotune._errors import StudyError, WorkloadError
-from autotune._isolation import TrialSpec, run_isolated, target_of
+from autotune._isolation import TrialSpec, run_isolated, start_trial_server, target_of
 from autotune._rules import infeasible_reason
 from autotune._sampler import GuidedSampler
 from autotune._progress import _Progress
@@ -453,6 +453,7 @@ class Tuner:
             if self.mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)
+            start_trial_server()
             ui.set_best(_best_record(study))
             ui.set_completed(self._finished_counts(study))  # a resume, or trial 0 from the reference run
             self._sampler_done = False

@@ -79,9 +79,11 @@ def main() -> None:
     workers = args.workers or ([1, 2] if tiny else [4, 8, 14])
     threads = args.threads or ([1, 2] if tiny else [2, 4, 8])
     batch = args.batch_size or (16 if tiny else 256)
-    # 40 steps of 256 = 10,240 images: under one epoch of a 12,800-image folder, so no loader restarts
-    # inside the timed windows; 10 warm-up steps cover worker start-up and DALI's first batches.
-    samples = args.samples or batch * (16 if tiny else 40)
+    # 120 steps of 256 = 30,720 images (2.4 epochs of a 12,800-image folder, epoch restarts included):
+    # 10 warm-up steps, then 3 windows of 36 steps. A window must span a few rounds of the workers'
+    # output (14 workers deliver their batches nearly together); with 40-step trials the torch loader
+    # read as fast as the GPU while it could feed it at two thirds of that (benchmarks/results/dali-h200.md).
+    samples = args.samples or batch * (16 if tiny else 120)
     budget = Budget(samples=samples, warmup_steps=1 if tiny else args.warmup, windows=3)
     env = {"AUTOTUNE_JPEG_ROOT": str(Path(args.root).resolve()), "AUTOTUNE_JPEG_MODEL": "tiny" if tiny else "resnet50",
            "AUTOTUNE_JPEG_SIZE": "32" if tiny else "224", "AUTOTUNE_JPEG_EVAL": "64" if tiny else "512"}

@@ -163,3 +163,18 @@ def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path
     best = cli("best", "cifar-oom", "--storage", url, cwd=tmp_path)
     assert best.returncode == 1  # nothing feasible to print
     assert json.loads(best.stdout)["config"] is None
+
+
+def test_a_resumed_run_does_not_charge_the_trial_server_start_to_its_first_trial(tmp_path: Path) -> None:
+    # The process that forks trials imports torch (seconds). A new study starts it for its reference
+    # run; a resumed one has no reference to run, so it must start it before the first trial's clock.
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE)
+    studies = tmp_path / "studies"
+    for trials in (2, 3):
+        proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", trials, "--study", "resumed",
+                   "--prune-below", 0, "--top-k", 0, "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    trial = optuna.load_study(study_name="resumed", storage=f"sqlite:///{studies}/autotune.db").trials[2]
+    ask_to_tell = (trial.datetime_complete - trial.datetime_start).total_seconds()
+    assert ask_to_tell - trial.user_attrs["run_seconds"] < 1.5, (ask_to_tell, trial.user_attrs["run_seconds"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import pytest
 import torch
@@ -221,3 +222,46 @@ def test_a_loader_with_no_full_batch_is_reported_plainly() -> None:
         list(ctx.batches(ctx.loader(workloads.dataset(40))))
     assert "StopIteration" not in str(info.value)
     assert "64" in str(info.value)
+
+
+class _SlowItems(torch.utils.data.Dataset):
+    """Each item takes ``seconds`` to produce, as a JPEG decode would (asleep, so it needs no free core)."""
+
+    def __init__(self, n: int, seconds: float) -> None:
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.seconds)
+        return torch.tensor(i), torch.tensor(i % 2)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_backlog_built_during_slow_warmup_steps_is_not_timed(persistent: bool) -> None:
+    # 4 workers x 8 items x 10 ms: the loader makes at most 400 samples/s, in bursts of 4 batches. The
+    # first step sleeps 1 s, as a compile would, and the workers fill their queues (4 x 8 batches)
+    # meanwhile. Timed from that backlog, all 24 timed steps would be served at once.
+    config = TrialConfig(batch_size=8, num_workers=4, prefetch_factor=8, persistent_workers=persistent)
+    ctx = TrialContext(config=config, budget=Budget(samples=8 * 28, warmup_steps=4, windows=3), device=CPU)
+    loader = ctx.loader(_SlowItems(400, 0.010))
+    for step, _ in enumerate(ctx.batches(loader)):
+        if step == 0:
+            time.sleep(1.0)
+    rate = ctx.measurement().throughput
+    producer = 4 * 8 / (8 * 0.010)
+    assert 0.5 * producer < rate < 1.35 * producer, rate
+    assert ctx.measurement().data_wait_fraction > 0.5  # the consumer does nothing, so it mostly waits
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_restart_keeps_the_samples_and_their_order(workers: int) -> None:
+    budget = Budget(samples=8 * 24, warmup_steps=6, windows=3)  # two epochs of 96
+
+    def seen(batch_size: int, workers: int) -> list[int]:
+        config = TrialConfig(batch_size=batch_size, num_workers=workers)
+        ctx = TrialContext(config=config, budget=budget, seed=7, device=CPU)
+        return _samples_seen(ctx, ctx.loader(_indices(96)))
+
+    assert seen(8, workers) == seen(8, 0) == seen(16, workers)

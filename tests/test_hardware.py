@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -173,3 +175,13 @@ def test_gpu_sampler_with_an_unknown_device_index_samples_nothing() -> None:
 )
 def test_throttle_reason_names(mask: int, names: list[str]) -> None:
     assert throttle_reason_names(mask) == names
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_probe_counts_the_cores_this_process_may_use_not_the_host(tmp_path) -> None:
+    # A job pinned with taskset (or a cgroup cpuset) gets fewer cores than the host has; the loader
+    # knobs must be judged against those.
+    code = "import os; os.sched_setaffinity(0, {0}); from autotune._hardware import probe; print(probe().cpu_count)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "1"

@@ -554,7 +554,7 @@ def environment(device: torch.device) -> str:
             pass
     else:
         parts.insert(1, f"CPU ({platform.processor() or platform.machine()})")
-    parts.append(f"{os.cpu_count()} CPU cores")
+    parts.append(f"{len(os.sched_getaffinity(0))} CPU cores")
     return "; ".join(parts)
 
 
