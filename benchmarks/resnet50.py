@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 import optuna
 
@@ -64,6 +65,10 @@ def main() -> None:
     )
     wall = time.time() - start
     study, _ = load_study_result(study_name, storage=args.storage, studies_dir=args.studies_dir)
+    # A run resumed over several calls: the report adds up every call's tuner wall time.
+    study.set_user_attr("benchmark_calls", study.user_attrs.get("benchmark_calls", []) + [
+        {"started": datetime.datetime.fromtimestamp(start).isoformat(timespec="seconds"), "seconds": round(wall, 1),
+         "timeout": args.timeout, "confirm_rounds": args.confirm_rounds}])
     print(report(study, result, wall, args, repeats(study, result, args)))
 
 
@@ -98,6 +103,15 @@ def _break_even(best_rate: float, compile_s: float, eager_rate: float) -> str:
     samples = compile_s / saved_per_sample
     return (f"{compile_s:.0f} s of compile pays off after {samples:,.0f} samples "
             f"({samples / best_rate / 60:.1f} min of training at {best_rate:,.0f} img/s)")
+
+
+def _calls_line(calls: list[dict]) -> Optional[str]:
+    if not calls:
+        return None
+    total = sum(c["seconds"] for c in calls)
+    parts = ", ".join(f"{c['seconds'] / 60:.1f} min (--timeout {c['timeout']}, --confirm-rounds {c['confirm_rounds']})"
+                      for c in calls)
+    return f"| tuner wall time, all calls of this study | {total / 60:.1f} min: {parts} |"
 
 
 def report(study: optuna.Study, result: autotune.Result, wall: float, args: argparse.Namespace,
@@ -135,10 +149,11 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         f"| best found | {best.throughput:,.0f} img/s: `{best.config.describe()}` (trial #{best.number})" if best else "| best found | none |",
         f"| speed-up | {result.speedup:.2f}x |",
         f"| trials used | {len(trials)} (+{len(study.user_attrs.get('reference_metrics', []))} reference runs) |",
-        f"| wall time of the whole run (this call) | {wall / 60:.1f} min |" if wall == wall else "",
+        f"| wall time of the whole run (this call) | {wall / 60:.1f} min |" if wall == wall else None,
+        _calls_line(study.user_attrs.get("benchmark_calls", [])),
         f"| study span, first trial start to last trial end | {span / 60:.1f} min |",
         f"| time to 95% of the final best | {t95 / 60:.1f} min |" if t95 is not None else "| time to 95% | n/a |",
-        f"| per-trial overhead (sampling, storage, process start and teardown) / trial wall, ask to tell | median {statistics.median(overheads) * 100:.1f}%, max {max(overheads) * 100:.1f}% |" if overheads else "",
+        f"| per-trial overhead (sampling, storage, process start and teardown) / trial wall, ask to tell | median {statistics.median(overheads) * 100:.1f}%, max {max(overheads) * 100:.1f}% |" if overheads else None,
         "",
         "| # | status | config | img/s | spread | compile s | wall s | accuracy loss |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
