@@ -40,11 +40,11 @@ def test_starts_at_the_prior_point_then_walks_coordinates():
         trial, params = _ask(study)
         proposals.append(params)
         _tell(study, trial, 50.0)  # every neighbour is slower: the incumbent stays
-    # Precision first, then the batch, nearest value first and upward before downward.
+    # The batch first, nearest value first and upward before downward, then precision.
     assert proposals == [
-        {"precision": "fp32", "batch_size": 256, "channels_last": True},
         {"precision": "bf16", "batch_size": 512, "channels_last": True},
         {"precision": "bf16", "batch_size": 128, "channels_last": True},
+        {"precision": "bf16", "batch_size": 64, "channels_last": True},
     ]
 
 
@@ -73,7 +73,7 @@ def test_moves_to_a_better_neighbour_and_does_not_repeat_configs():
         seen.append(tuple(params.values()))
         _tell(study, trial, truth.get(tuple(params.values()), 100.0))
     assert len(set(seen)) == 16  # the whole space, each config once
-    assert seen.index(("bf16", 512, True)) == 2
+    assert seen.index(("bf16", 512, True)) == 1  # the first move: the batch goes up
 
 
 def test_running_trials_of_other_workers_are_not_proposed_again():
@@ -109,8 +109,8 @@ def test_input_knobs_wait_while_the_incumbent_does_not_wait_for_input():
         trial.set_user_attr("data_wait_fraction", 0.0)  # a GPU-side data pool: nothing to wait for
         _tell(study, trial, 100.0 if len(order) == 1 else 50.0)
     changed = [next(k for k in p if p[k] != order[0][k]) for p in order[1:]]
-    # Every compute-side move (precision, 3 batches, channels_last) comes before the first workers move.
-    assert changed[:5] == ["precision", "batch_size", "batch_size", "batch_size", "channels_last"]
+    # Every compute-side move (3 batches, precision, channels_last) comes before the first workers move.
+    assert changed[:5] == ["batch_size", "batch_size", "batch_size", "precision", "channels_last"]
     assert "num_workers" not in changed[:5]
 
 
