@@ -45,7 +45,7 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
 }
 # Largest expected effect first: a coordinate walk that settles these early wastes fewest trials.
 # Batch before precision: from a bf16 start the other precisions are rarely better and, with compile on,
-# each costs a fresh compile before it can be judged (three such trials took 3.5 minutes in the H200
+# each costs a fresh compile before it can be judged (three such trials took 3.2 minutes in the H200
 # ResNet-50 run). Replayed on every committed table, batch-first reaches 99% of the best in as few or
 # fewer trials (benchmarks/results/search.md).
 DEFAULT_KNOB_ORDER: tuple[str, ...] = (

@@ -21,7 +21,7 @@ from autotune._sampler import DEFAULT_KNOB_ORDER, GuidedSampler
 from autotune._simulate import ReplayTable, replay
 
 NEW_COMPILE_S, CACHED_COMPILE_S, EAGER_S = 65.0, 25.0, 12.0
-PRECISION_FIRST = ("precision", "batch_size") + tuple(k for k in DEFAULT_KNOB_ORDER if k not in ("precision", "batch_size"))
+PRECISION_FIRST = ("precision", "batch_size", *(k for k in DEFAULT_KNOB_ORDER if k not in ("precision", "batch_size")))
 COMPILE_LAST = {"compile": ("off", "default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")}
 
 
@@ -37,42 +37,39 @@ def minutes(configs: list[dict]) -> float:
     return total / 60
 
 
+def trials_to(table: ReplayTable, fraction: float, **options) -> tuple[int, float]:
+    """Replay the guided order once; the trial whose config truly reaches ``fraction`` of the best (31: never)."""
+    seed = options.pop("seed")
+    run = replay(table, "guided", trials=30, seed=seed, noise=0.02,
+                 sampler=GuidedSampler(search_space=table.distributions(), seed=seed, **options))
+    best = table.best(0.01).throughput
+    rows = [table.lookup(p) for p in run.measured]
+    reached = next((i + 1 for i, r in enumerate(rows)
+                    if r.status == "ok" and table.feasible(r, 0.01) and r.throughput >= fraction * best), 31)
+    return reached, minutes(list(run.measured[:reached]))
+
+
+def compare(title: str, fraction: float, variants: dict[str, dict]) -> None:
+    names = list(variants)
+    print(f"{title}\n\n| table | " + " | ".join(f"{n}: trials to {fraction:.0%} (median / worst) | est. minutes"
+                                             for n in names) + " |")
+    print("|---|" + "---:|---:|" * len(names))
+    for path in sorted(Path(__file__).with_name("tables").glob("*.jsonl")):
+        table = ReplayTable.load(path)
+        cells = []
+        for options in variants.values():
+            runs = [trials_to(table, fraction, seed=seed, **options) for seed in range(5)]
+            trials = [n for n, _ in runs]
+            cells += [f"{statistics.median(trials):g} / {max(trials)}", f"{statistics.median([m for _, m in runs]):.1f}"]
+        print(f"| {table.name} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    print("| table | compile first: trials to 95% (median) | est. minutes | compile last: trials | est. minutes |")
-    print("|---|---:|---:|---:|---:|")
-    for path in sorted(Path(__file__).with_name("tables").glob("*.jsonl")):
-        table = ReplayTable.load(path)
-        cells = []
-        for priors in (None, COMPILE_LAST):
-            trials, spent = [], []
-            for seed in range(5):
-                sampler = GuidedSampler(search_space=table.distributions(), seed=seed, priors=priors)
-                run = replay(table, "guided", trials=30, seed=seed, noise=0.02, sampler=sampler)
-                trials.append(run.trials_to_95)
-                spent.append(minutes(list(run.measured[: run.trials_to_95])))
-            cells += [f"{statistics.median(trials):g}", f"{statistics.median(spent):.1f}"]
-        print(f"| {table.name} | " + " | ".join(cells) + " |")
-
-    print()
-    print("| table | batch first (shipped): trials to 99% (median / worst) | est. minutes | precision first: trials | est. minutes |")
-    print("|---|---:|---:|---:|---:|")
-    for path in sorted(Path(__file__).with_name("tables").glob("*.jsonl")):
-        table = ReplayTable.load(path)
-        best = table.best(0.01).throughput
-        cells = []
-        for order in (DEFAULT_KNOB_ORDER, PRECISION_FIRST):
-            trials, spent = [], []
-            for seed in range(5):
-                sampler = GuidedSampler(search_space=table.distributions(), seed=seed, knob_order=order)
-                run = replay(table, "guided", trials=30, seed=seed, noise=0.02, sampler=sampler)
-                rows = [table.lookup(p) for p in run.measured]
-                reached = next((i + 1 for i, r in enumerate(rows) if r.status == "ok" and table.feasible(r, 0.01)
-                                and r.throughput >= 0.99 * best), len(rows) + 1)
-                trials.append(reached)
-                spent.append(minutes(list(run.measured[:reached])))
-            cells += [f"{statistics.median(trials):g} / {max(trials)}", f"{statistics.median(spent):.1f}"]
-        print(f"| {table.name} | " + " | ".join(cells) + " |")
+    compare("Compile tried first or last", 0.95, {"compile first (shipped)": {}, "compile last": {"priors": COMPILE_LAST}})
+    compare("Batch or precision first", 0.99,
+            {"batch first (shipped)": {}, "precision first": {"knob_order": PRECISION_FIRST}})
 
 
 if __name__ == "__main__":
