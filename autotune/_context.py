@@ -83,6 +83,9 @@ class TrialContext:
 
         The data order depends only on ``ctx.seed``, never on the batch size, so every trial sees the
         same samples in the same order. Incomplete last batches are dropped (static shapes).
+
+        Raises:
+            KnobError: ``shuffle`` with an IterableDataset.
         """
         cfg = self.config
         workers = cfg.num_workers
@@ -95,7 +98,11 @@ class TrialContext:
         if workers > 0:
             options["prefetch_factor"] = cfg.prefetch_factor
             options["persistent_workers"] = cfg.persistent_workers
-        options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle)
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            if shuffle:
+                raise KnobError("ctx.loader cannot shuffle an IterableDataset (it has no indices): pass shuffle=False")
+        else:
+            options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle)
         options.update(kwargs)
         return torch.utils.data.DataLoader(dataset, **options)
 

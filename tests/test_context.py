@@ -265,3 +265,15 @@ def test_the_restart_keeps_the_samples_and_their_order(workers: int) -> None:
         return _samples_seen(ctx, ctx.loader(_indices(96)))
 
     assert seen(8, workers) == seen(8, 0) == seen(16, workers)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([(torch.tensor(i), torch.tensor(i % 2)) for i in range(32)])
+
+
+def test_an_iterable_dataset_is_loaded_in_its_own_order_and_cannot_be_shuffled() -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=8), device=CPU)
+    assert torch.cat([x for x, _ in ctx.loader(_Stream(), shuffle=False)]).tolist() == list(range(32))
+    with pytest.raises(KnobError, match="shuffle=False"):
+        ctx.loader(_Stream())
