@@ -110,7 +110,8 @@ def main() -> None:
     lines = [
         "| quantity | value |",
         "|---|---|",
-        f"| grid cells measured | {sum(counts.values())} ok ({', '.join(f'{g}: {n}' for g, n in counts.items())}) |",
+        f"| grid cells measured | {len({key for _, key, _ in ok})} distinct of 96; {sum(counts.values())} measurements "
+        f"({', '.join(f'{g}: {n}' for g, n in counts.items())}) |",
         f"| grid best | {best_row['throughput']:,.0f} img/s: `{describe(best_key)}` ({best_gpu}; window spread "
         f"{_spread(best_row):.1f}%) |",
         f"| grid best on the tuner's GPU ({args.tuner_gpu}) | {same_card_best['throughput']:,.0f} img/s: "
