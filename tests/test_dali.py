@@ -19,7 +19,7 @@ from autotune import Budget, KnobError, SpaceError, TrialConfig, TrialContext, T
 from autotune._hardware import Capabilities
 from autotune._images import Shard, list_images, shard_from_env
 from autotune._space import restrict_to
-from benchmarks import make_jpegs
+from benchmarks import dali_pick, make_jpegs
 
 CPU = torch.device("cpu")
 CLASSES = 4
@@ -203,6 +203,11 @@ def test_short_study_over_both_backends_records_data_wait(dali, jpegs, tmp_path,
         backends.add(config.loader)
     assert backends == {"torch", "dali"}
     assert result.best is not None
+
+    # The benchmark's check of the pick: the same compute config on device-resident data, measured.
+    pick = dali_pick.check("dali", storage=url, logs=tmp_path / "pick")
+    assert pick.config == result.best.config and pick.picked == result.best.throughput
+    assert pick.synthetic > 0 and f"{pick.fraction:.1%}" in pick.markdown()
 
 
 # -- the space and the probe: no DALI needed ------------------------------------------------------
