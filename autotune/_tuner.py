@@ -42,6 +42,7 @@ METRIC_NAMES = ["throughput", "accuracy_loss"]
 # costs minutes on a few cores, so both are tried as moves rather than assumed.
 CPU_PRIORS = {"precision": ("fp32", "bf16"), "compile": ("off", "default")}
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
+ACCURACY_REFERENCES = ("baseline", "batch")
 
 
 class Tuner:
@@ -58,6 +59,10 @@ class Tuner:
         max_accuracy_loss: A trial is infeasible when its accuracy loss exceeds this plus the
             reference noise band (metric units; 0.01 is one accuracy point).
         metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
+        accuracy_reference: ``"baseline"`` judges every trial against the fp32 baseline; ``"batch"``
+            against an fp32 run of the baseline at the trial's own batch size (run once per batch size,
+            when first needed), so the check isolates what precision, compile and graphs do from what
+            fewer optimizer steps do in a short trial.
         reference_repeats: fp32 reference runs with different seeds; two or more give the noise band.
         trial_timeout: Wall-clock seconds before a trial's process group is killed.
         memory_limit_gib: On CPU, address space a trial may add beyond its start (a device-memory
@@ -93,6 +98,7 @@ class Tuner:
         storage: Optional[str] = None,
         max_accuracy_loss: float = DEFAULT_MAX_ACCURACY_LOSS,
         metric_direction: str = "maximize",
+        accuracy_reference: str = "baseline",
         reference_repeats: int = 2,
         trial_timeout: float = 600.0,
         memory_limit_gib: Optional[float] = None,
@@ -114,6 +120,8 @@ class Tuner:
             raise ValueError("n_trials must be at least 1")
         if metric_direction not in ("maximize", "minimize"):
             raise ValueError("metric_direction must be 'maximize' or 'minimize'")
+        if accuracy_reference not in ACCURACY_REFERENCES:
+            raise ValueError(f"accuracy_reference must be one of {', '.join(ACCURACY_REFERENCES)}")
         if reference_repeats < 1:
             raise ValueError("reference_repeats must be at least 1")
         if max_accuracy_loss < 0:
@@ -125,6 +133,7 @@ class Tuner:
         self.storage_url = storage
         self.max_accuracy_loss = max_accuracy_loss
         self.metric_direction = metric_direction
+        self.accuracy_reference = accuracy_reference
         self.reference_repeats = reference_repeats
         self.trial_timeout = trial_timeout
         self.memory_limit_gib = memory_limit_gib
@@ -211,6 +220,7 @@ class Tuner:
             "hardware": caps.to_dict(),
             "metric_direction": self.metric_direction,
             "max_accuracy_loss": self.max_accuracy_loss,
+            "accuracy_reference": self.accuracy_reference,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "n_trials": self.n_trials,
             "prune_below": self.prune_below,
@@ -311,8 +321,26 @@ class Tuner:
     def _logdir(self) -> Path:
         return study_dir(self.study_name, self.studies_dir) / "logs"
 
-    def _accuracy_loss(self, study: optuna.Study, metric: Optional[float]) -> float:
-        reference = study.user_attrs.get("reference_metric")
+    def _batch_reference(self, study: optuna.Study, space: _space.SearchSpace, batch_size: int,
+                         ui: "_Progress") -> None:
+        """With ``accuracy_reference="batch"``: train the fp32 baseline at this batch size once, for the
+        accuracy check of every trial at it. A failed run (say fp32 does not fit where bf16 did) is
+        recorded, and those trials fall back to the baseline reference."""
+        key = f"reference_metric:batch={batch_size}"
+        if (self.accuracy_reference != "batch" or batch_size == space.baseline.batch_size
+                or key in study.user_attrs or f"reference_failed:batch={batch_size}" in study.user_attrs):
+            return
+        config = space.baseline.replace(precision="fp32", batch_size=batch_size)
+        ui.status(f"reference at batch {batch_size}: {config.describe()}")
+        outcome = run_isolated(self._spec(config, space.budget, self.seed, space.baseline),
+                               workdir=self._logdir() / f"reference-batch-{batch_size}", timeout=self.trial_timeout)
+        if outcome.ok and outcome.measurement is not None and outcome.measurement.metric is not None:
+            study.set_user_attr(key, outcome.measurement.metric)
+        else:
+            study.set_user_attr(f"reference_failed:batch={batch_size}", f"{outcome.status}: {outcome.error}")
+
+    def _accuracy_loss(self, study: optuna.Study, metric: Optional[float], batch_size: int) -> float:
+        reference = study.user_attrs.get(f"reference_metric:batch={batch_size}", study.user_attrs.get("reference_metric"))
         if reference is None or metric is None:
             return 0.0  # the workload reports no metric: accuracy is not checked (noted in the study)
         loss = reference - metric if self.metric_direction == "maximize" else metric - reference
@@ -333,7 +361,7 @@ class Tuner:
             return
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
-            loss = self._accuracy_loss(study, m.metric)
+            loss = self._accuracy_loss(study, m.metric, config.batch_size)
             for key, value in _measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr("throughput_spread", m.spread)
@@ -437,6 +465,7 @@ class Tuner:
             self.n_trials = int(study.user_attrs.get("n_trials", self.n_trials))
             self.max_accuracy_loss = study.user_attrs.get("max_accuracy_loss", self.max_accuracy_loss)
             self.metric_direction = study.user_attrs.get("metric_direction", self.metric_direction)
+            self.accuracy_reference = study.user_attrs.get("accuracy_reference", self.accuracy_reference)
             self.prune_below = study.user_attrs.get("prune_below", self.prune_below)
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
@@ -524,6 +553,8 @@ class Tuner:
                         workdir=self._logdir() / f"trial-{trial.number}",
                         timeout=self.trial_timeout,
                     )
+                    if outcome.ok:
+                        self._batch_reference(study, space, config.batch_size, ui)
                 self._tell(study, trial, config, outcome)
         except BaseException:
             if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:

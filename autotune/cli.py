@@ -38,6 +38,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--max-accuracy-loss", type=float, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
+    p.add_argument("--accuracy-reference", choices=("baseline", "batch"), default="baseline",
+                   help="judge accuracy against the fp32 baseline, or against fp32 at each trial's batch size "
+                        "(one more reference run per batch size; default baseline)")
     p.add_argument("--trial-timeout", type=_positive_float, default=600.0, help="seconds per trial (default 600)")
     p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
                    help="CPU only: address space a trial may add, so a too-large batch fails as oom")
@@ -118,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 _TUNER_OPTIONS = {
     "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
-    "prune_below": "prune_below",
+    "prune_below": "prune_below", "accuracy_reference": "accuracy_reference",
 }
 
 

@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--study", help="study name; an existing one is resumed")
     parser.add_argument("--repeat", type=int, default=3, help="isolated reruns of the best config (0: none)")
     parser.add_argument("--report-only", action="store_true", help="report on --study without running trials")
+    parser.add_argument("--accuracy-reference", choices=("baseline", "batch"), default="baseline")
     args = parser.parse_args()
 
     study_name = args.study or f"resnet50-{args.variant}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
@@ -60,6 +61,7 @@ def main() -> None:
         studies_dir=args.studies_dir,
         top_k=3,
         confirm_rounds=args.confirm_rounds,
+        accuracy_reference=args.accuracy_reference,
         trial_timeout=args.trial_timeout,
         progress=False,
     )
@@ -140,7 +142,8 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         f"- Date: {datetime.date.today()}; GPU {hw['gpu_name']} (driver {hw['driver']}); torch {hw['torch']}",
         f"- Command: `python -m benchmarks.resnet50 --variant {args.variant} --space {args.space} --trials {args.trials}"
         + (f" --timeout {args.timeout:.0f}" if args.timeout else "")
-        + f" --confirm-rounds {args.confirm_rounds} --trial-timeout {args.trial_timeout:.0f}`",
+        + f" --confirm-rounds {args.confirm_rounds} --trial-timeout {args.trial_timeout:.0f}"
+        + f" --accuracy-reference {study.user_attrs.get('accuracy_reference', 'baseline')}`",
         f"- Study `{study.study_name}`; budget per trial: {study.user_attrs['space']['budget']}",
         "",
         "| quantity | value |",

@@ -355,3 +355,38 @@ def test_reading_a_study_that_is_missing_or_has_no_reference(tmp_path) -> None:
         summarize_study(optuna.load_study(study_name="bare", storage=url))
     with pytest.raises(StudyError, match="no such file"):
         load_best(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("reference, batch_loss", [("baseline", 0.048), ("batch", 0.0)])
+def test_accuracy_reference_at_the_trials_batch_size(tmp_path, cpu_caps, write_space, reference, batch_loss) -> None:
+    # accuracy_by_batch: batch 64 loses 0.048 against batch 16 (fewer steps), channels_last loses 0.05.
+    space = write_space("knobs:\n  batch_size: [16, 64]\n  channels_last: [false, true]\nbaseline: {batch_size: 16}\n"
+                        + TINY_BUDGET)
+    make_tuner(tmp_path, cpu_caps, "accuracy_by_batch", space, n_trials=4, accuracy_reference=reference,
+               study_name="ref").run()
+    study = open_study(sqlite_url(tmp_path), "ref")
+    loss = {(t.params["batch_size"], t.params["channels_last"]): t.user_attrs["accuracy_loss"]
+            for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    assert set(loss) == {(16, False), (16, True), (64, False), (64, True)}
+    assert loss[(16, False)] == pytest.approx(0.0) and loss[(16, True)] == pytest.approx(0.05)
+    assert loss[(64, False)] == pytest.approx(batch_loss)
+    assert loss[(64, True)] == pytest.approx(batch_loss + 0.05)  # the knob that costs accuracy is still caught
+    assert study.user_attrs["accuracy_reference"] == reference
+    batch_refs = {k: v for k, v in study.user_attrs.items() if k.startswith("reference_metric:batch=")}
+    assert batch_refs == ({"reference_metric:batch=64": pytest.approx(0.836)} if reference == "batch" else {})
+
+
+def test_an_unknown_accuracy_reference_is_refused(tmp_path, cpu_caps, write_space) -> None:
+    with pytest.raises(ValueError, match="accuracy_reference"):
+        make_tuner(tmp_path, cpu_caps, "accuracy_by_batch", write_space(CHANNELS_SPACE), accuracy_reference="seed")
+
+
+def test_a_batch_reference_that_does_not_fit_falls_back_to_the_baseline(tmp_path, cpu_caps, write_space) -> None:
+    space = write_space("knobs:\n  batch_size: [16, 64]\n  precision: [bf16]\nbaseline: {batch_size: 16}\n" + TINY_BUDGET)
+    make_tuner(tmp_path, cpu_caps, "accuracy_by_batch_fp32_oom_at_64", space, n_trials=2, accuracy_reference="batch",
+               study_name="ref").run()
+    study = open_study(sqlite_url(tmp_path), "ref")
+    assert study.user_attrs["reference_failed:batch=64"].startswith("oom:")
+    at_64 = next(t for t in study.get_trials() if t.params.get("batch_size") == 64)
+    assert at_64.user_attrs["status"] == "ok"
+    assert at_64.user_attrs["accuracy_loss"] == pytest.approx(0.048)  # judged against the batch-16 baseline

@@ -175,3 +175,17 @@ def loader_start(ctx) -> None:
     next(iter(ctx.loader(dataset(256))))
     ctx.record("first_batch_seconds", time.perf_counter() - start)
     _manual_windows(ctx)
+
+
+def accuracy_by_batch(ctx) -> None:
+    """A metric that falls with the batch size (fewer optimizer steps over the same samples) and with
+    channels_last (standing in for a knob that really costs accuracy), through the manual path."""
+    _manual_windows(ctx)
+    ctx.report_metric(0.9 - ctx.config.batch_size / 1000 - (0.05 if ctx.config.channels_last else 0.0))
+
+
+def accuracy_by_batch_fp32_oom_at_64(ctx) -> None:
+    """accuracy_by_batch, but fp32 at batch 64 runs out of memory where bf16 fits."""
+    if ctx.config.precision == "fp32" and ctx.config.batch_size >= 64:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate an fp32 batch of 64")
+    accuracy_by_batch(ctx)
