@@ -41,6 +41,12 @@ def train(ctx) -> None:
         ctx.report_metric((model(x).argmax(1) == y).float().mean().item())
 
 
+def train_takes_seconds(ctx) -> None:
+    """train, 3 s slower: long enough that a worker still starting its trial server gets a share."""
+    time.sleep(3.0)
+    train(ctx)
+
+
 def train_stalls(ctx) -> None:
     if ctx.config.batch_size == SLOW_BATCH and os.environ.get("AUTOTUNE_TEST_STALL"):
         with open(os.environ["AUTOTUNE_TEST_STALL"], "a") as fh:

@@ -16,6 +16,9 @@ from optuna.trial import TrialState
 HERE = Path(__file__).resolve().parent
 TARGET = f"{HERE / 'scale_workloads.py'}:train"
 STALLING = f"{HERE / 'scale_workloads.py'}:train_stalls"
+# Trials of a few seconds: each worker makes its trial server ready (a torch import) before it asks for
+# one, and sub-second trials could all go to whichever worker was ready first.
+SECONDS_LONG = f"{HERE / 'scale_workloads.py'}:train_takes_seconds"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -63,8 +66,8 @@ def _complete(study):
 
 
 def test_three_workers_complete_exactly_the_budget(postgres_url, space, tmp_path):
-    _create(space, postgres_url, tmp_path, 6, TARGET, "--max-accuracy-loss", "0.2")
-    workers = [_worker(postgres_url, tmp_path) for _ in range(3)]
+    _create(space, postgres_url, tmp_path, 6, SECONDS_LONG, "--max-accuracy-loss", "0.2")
+    workers = [_worker(postgres_url, tmp_path, target=SECONDS_LONG) for _ in range(3)]
     for w in workers:
         out, err = w.communicate(timeout=600)
         assert w.returncode == 0, err
@@ -133,7 +136,7 @@ def _gone(pid, wait=10.0):
 def test_tune_with_several_workers_uses_a_journal_file(space, tmp_path):
     studies = tmp_path / "studies"
     proc = subprocess.run(
-        _autotune("tune", TARGET, "--space", str(space), "--study", "s", "--trials", "5", "--workers", "2",
+        _autotune("tune", SECONDS_LONG, "--space", str(space), "--study", "s", "--trials", "5", "--workers", "2",
                   "--studies-dir", str(studies), "--no-progress", "--top-k", "0", "--prune-below", "0"),
         capture_output=True, text=True, timeout=600,
     )
