@@ -121,6 +121,11 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         noise = attrs.get("metric_noise", 0.0)
         text = (f"Accuracy check: reference metric {reference:.4f} ({attrs.get('metric_direction', 'maximize')}), "
                 f"noise band {noise:.4f}; a trial may lose up to {bound:g} beyond the noise band")
+        per_batch = {k.split("=", 1)[1]: v for k, v in attrs.items() if k.startswith("reference_metric:batch=")}
+        if attrs.get("accuracy_reference") == "batch":
+            text += ("; each trial is judged against fp32 at its own batch size"
+                     + (f" ({', '.join(f'batch {b}: {v:.4f}' for b, v in sorted(per_batch.items(), key=lambda kv: int(kv[0])))})"
+                        if per_batch else ""))
         if best is not None:
             text += f"; the best loses {best.accuracy_loss:+.4f}"
         confirmation = attrs.get("confirmation") or {}

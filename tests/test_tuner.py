@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 
 import workloads
 from autotune import StudyError, TrialConfig, Tuner, WorkloadError, load_best, load_space, load_study_result
+from autotune._report import summary_lines
 from autotune._space import restrict_to
 from autotune._results import summarize_study
 from workloads import WORKLOADS
@@ -374,6 +375,8 @@ def test_accuracy_reference_at_the_trials_batch_size(tmp_path, cpu_caps, write_s
     assert study.user_attrs["accuracy_reference"] == reference
     batch_refs = {k: v for k, v in study.user_attrs.items() if k.startswith("reference_metric:batch=")}
     assert batch_refs == ({"reference_metric:batch=64": pytest.approx(0.836)} if reference == "batch" else {})
+    note = "\n".join(summary_lines(study, {}))  # the study note in the dashboard says which reference
+    assert ("against fp32 at its own batch size (batch 64: 0.8360)" in note) == (reference == "batch")
 
 
 def test_an_unknown_accuracy_reference_is_refused(tmp_path, cpu_caps, write_space) -> None:
