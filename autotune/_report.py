@@ -27,6 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune._config import TrialConfig
 from autotune._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
+from autotune._results import batch_references
 from autotune._storage import DEFAULT_STUDIES_DIR, study_dir
 
 ARTIFACTS_DIR = "artifacts"  # under studies_dir; `autotune dashboard` passes the same --artifact-dir
@@ -121,11 +122,11 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         noise = attrs.get("metric_noise", 0.0)
         text = (f"Accuracy check: reference metric {reference:.4f} ({attrs.get('metric_direction', 'maximize')}), "
                 f"noise band {noise:.4f}; a trial may lose up to {bound:g} beyond the noise band")
-        per_batch = {k.split("=", 1)[1]: v for k, v in attrs.items() if k.startswith("reference_metric:batch=")}
         if attrs.get("accuracy_reference") == "batch":
-            text += ("; each trial is judged against fp32 at its own batch size"
-                     + (f" ({', '.join(f'batch {b}: {v:.4f}' for b, v in sorted(per_batch.items(), key=lambda kv: int(kv[0])))})"
-                        if per_batch else ""))
+            per_batch = sorted(batch_references(attrs).items())
+            text += "; each trial is judged against fp32 at its own batch size"
+            if per_batch:
+                text += f" ({', '.join(f'batch {b}: {v:.4f}' for b, v in per_batch)})"
         if best is not None:
             text += f"; the best loses {best.accuracy_loss:+.4f}"
         confirmation = attrs.get("confirmation") or {}

@@ -20,6 +20,16 @@ from autotune._config import Result, TrialConfig, TrialRecord, dumps
 from autotune._errors import StudyError
 from autotune._storage import study_dir
 
+# Study attributes, with the batch size appended, of accuracy_reference="batch": the fp32 reference metric
+# at that batch, or why its run failed.
+BATCH_REFERENCE = "reference_metric:batch="
+BATCH_REFERENCE_FAILED = "reference_failed:batch="
+
+
+def batch_references(attrs: dict[str, Any]) -> dict[int, float]:
+    """The fp32 reference metric per batch size that a study recorded, by batch size."""
+    return {int(k[len(BATCH_REFERENCE):]): v for k, v in attrs.items() if k.startswith(BATCH_REFERENCE)}
+
 
 def _record(trial: FrozenTrial) -> Optional[TrialRecord]:
     config = trial.user_attrs.get("config")

@@ -26,6 +26,8 @@ from autotune._rules import infeasible_reason
 from autotune._sampler import GuidedSampler
 from autotune._progress import _Progress
 from autotune._results import (
+    BATCH_REFERENCE,
+    BATCH_REFERENCE_FAILED,
     _best_record,
     _budget_trials,
     _distinct_configs,
@@ -326,9 +328,9 @@ class Tuner:
         """With ``accuracy_reference="batch"``: train the fp32 baseline at this batch size once, for the
         accuracy check of every trial at it. A failed run (say fp32 does not fit where bf16 did) is
         recorded, and those trials fall back to the baseline reference."""
-        key = f"reference_metric:batch={batch_size}"
+        key, failed = f"{BATCH_REFERENCE}{batch_size}", f"{BATCH_REFERENCE_FAILED}{batch_size}"
         if (self.accuracy_reference != "batch" or batch_size == space.baseline.batch_size
-                or key in study.user_attrs or f"reference_failed:batch={batch_size}" in study.user_attrs):
+                or key in study.user_attrs or failed in study.user_attrs):
             return
         config = space.baseline.replace(precision="fp32", batch_size=batch_size)
         ui.status(f"reference at batch {batch_size}: {config.describe()}")
@@ -337,10 +339,10 @@ class Tuner:
         if outcome.ok and outcome.measurement is not None and outcome.measurement.metric is not None:
             study.set_user_attr(key, outcome.measurement.metric)
         else:
-            study.set_user_attr(f"reference_failed:batch={batch_size}", f"{outcome.status}: {outcome.error}")
+            study.set_user_attr(failed, f"{outcome.status}: {outcome.error}")
 
     def _accuracy_loss(self, study: optuna.Study, metric: Optional[float], batch_size: int) -> float:
-        reference = study.user_attrs.get(f"reference_metric:batch={batch_size}", study.user_attrs.get("reference_metric"))
+        reference = study.user_attrs.get(f"{BATCH_REFERENCE}{batch_size}", study.user_attrs.get("reference_metric"))
         if reference is None or metric is None:
             return 0.0  # the workload reports no metric: accuracy is not checked (noted in the study)
         loss = reference - metric if self.metric_direction == "maximize" else metric - reference
