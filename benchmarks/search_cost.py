@@ -70,6 +70,8 @@ def main() -> None:
     compare("Compile tried first or last", 0.95, {"compile first (shipped)": {}, "compile last": {"priors": COMPILE_LAST}})
     compare("Batch or precision first", 0.99,
             {"batch first (shipped)": {}, "precision first": {"knob_order": PRECISION_FIRST}})
+    compare("Batch sizes past a slower one deferred or tried nearest first", 0.99,
+            {"deferred (shipped)": {}, "nearest first": {"defer_past_slower": False}})
 
 
 if __name__ == "__main__":

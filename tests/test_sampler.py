@@ -40,12 +40,31 @@ def test_starts_at_the_prior_point_then_walks_coordinates():
         trial, params = _ask(study)
         proposals.append(params)
         _tell(study, trial, 50.0)  # every neighbour is slower: the incumbent stays
-    # The batch first, nearest value first and upward before downward, then precision.
+    # The batch first, nearest value first and upward before downward, then precision: batch 64 lies past
+    # the slower 128, so it waits.
     assert proposals == [
         {"precision": "bf16", "batch_size": 512, "channels_last": True},
         {"precision": "bf16", "batch_size": 128, "channels_last": True},
-        {"precision": "bf16", "batch_size": 64, "channels_last": True},
+        {"precision": "fp32", "batch_size": 256, "channels_last": True},
     ]
+
+
+def test_defers_batch_sizes_past_a_slower_one_until_the_other_moves_are_done():
+    # The H200 walk: 256 < 384 < 512, so 192 and 128 (past the slower 384 and 256) wait for the other knobs.
+    space = {"batch_size": CategoricalDistribution([128, 192, 256, 384, 512]),
+             "precision": CategoricalDistribution(["bf16", "fp16"])}
+    study = _study(GuidedSampler(search_space=space, seed=0))
+    rate = {128: 6372, 192: 6479, 256: 6726, 384: 6760, 512: 6928}
+    order = []
+    for _ in range(10):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, dist.choices) for name, dist in space.items()}
+        order.append((params["batch_size"], params["precision"]))
+        _tell(study, trial, rate[params["batch_size"]] * (1.02 if params["precision"] == "fp16" else 1.0))
+    assert order[:4] == [(256, "bf16"), (384, "bf16"), (512, "bf16"), (512, "fp16")]
+    # Then the walk goes on from fp16 bs512; every config is still reached, the deferred ones last.
+    assert sorted(order) == sorted((b, p) for b in rate for p in ("bf16", "fp16"))
+    assert set(order[-4:]) == {(192, "bf16"), (128, "bf16"), (192, "fp16"), (128, "fp16")}
 
 
 def test_never_proposes_what_an_out_of_memory_rules_out():
@@ -109,8 +128,9 @@ def test_input_knobs_wait_while_the_incumbent_does_not_wait_for_input():
         trial.set_user_attr("data_wait_fraction", 0.0)  # a GPU-side data pool: nothing to wait for
         _tell(study, trial, 100.0 if len(order) == 1 else 50.0)
     changed = [next(k for k in p if p[k] != order[0][k]) for p in order[1:]]
-    # Every compute-side move (3 batches, precision, channels_last) comes before the first workers move.
-    assert changed[:5] == ["batch_size", "batch_size", "batch_size", "precision", "channels_last"]
+    # Every compute-side move (3 batches, precision, channels_last) comes before the first workers move;
+    # batch 64, past the slower 128, after the other compute knobs.
+    assert changed[:5] == ["batch_size", "batch_size", "precision", "channels_last", "batch_size"]
     assert "num_workers" not in changed[:5]
 
 
