@@ -27,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune._config import TrialConfig
 from autotune._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
-from autotune._results import batch_references
+from autotune._results import batch_reference_noise, batch_references
 from autotune._storage import DEFAULT_STUDIES_DIR, study_dir
 
 ARTIFACTS_DIR = "artifacts"  # under studies_dir; `autotune dashboard` passes the same --artifact-dir
@@ -124,9 +124,11 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
                 f"noise band {noise:.4f}; a trial may lose up to {bound:g} beyond the noise band")
         if attrs.get("accuracy_reference") == "batch":
             per_batch = sorted(batch_references(attrs).items())
+            noise_at = batch_reference_noise(attrs)
             text += "; each trial is judged against fp32 at its own batch size"
             if per_batch:
-                text += f" ({', '.join(f'batch {b}: {v:.4f}' for b, v in per_batch)})"
+                text += " (" + ", ".join(f"batch {b}: {v:.4f}" + (f", noise band {noise_at[b]:.4f}" if b in noise_at else "")
+                                         for b, v in per_batch) + ")"
         if best is not None:
             text += f"; the best loses {best.accuracy_loss:+.4f}"
         confirmation = attrs.get("confirmation") or {}

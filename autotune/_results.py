@@ -21,14 +21,24 @@ from autotune._errors import StudyError
 from autotune._storage import study_dir
 
 # Study attributes, with the batch size appended, of accuracy_reference="batch": the fp32 reference metric
-# at that batch, or why its run failed.
+# at that batch, the spread of its seeds (its noise band), or why its run failed.
 BATCH_REFERENCE = "reference_metric:batch="
+BATCH_REFERENCE_NOISE = "reference_noise:batch="
 BATCH_REFERENCE_FAILED = "reference_failed:batch="
 
 
 def batch_references(attrs: dict[str, Any]) -> dict[int, float]:
     """The fp32 reference metric per batch size that a study recorded, by batch size."""
-    return {int(k[len(BATCH_REFERENCE):]): v for k, v in attrs.items() if k.startswith(BATCH_REFERENCE)}
+    return _by_batch(attrs, BATCH_REFERENCE)
+
+
+def batch_reference_noise(attrs: dict[str, Any]) -> dict[int, float]:
+    """The noise band of each per-batch reference run with two or more seeds, by batch size."""
+    return _by_batch(attrs, BATCH_REFERENCE_NOISE)
+
+
+def _by_batch(attrs: dict[str, Any], prefix: str) -> dict[int, float]:
+    return {int(k[len(prefix):]): v for k, v in attrs.items() if k.startswith(prefix)}
 
 
 def _record(trial: FrozenTrial) -> Optional[TrialRecord]:

@@ -28,6 +28,7 @@ from autotune._progress import _Progress
 from autotune._results import (
     BATCH_REFERENCE,
     BATCH_REFERENCE_FAILED,
+    BATCH_REFERENCE_NOISE,
     _best_record,
     _budget_trials,
     _distinct_configs,
@@ -62,10 +63,11 @@ class Tuner:
             reference noise band (metric units; 0.01 is one accuracy point).
         metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
         accuracy_reference: ``"baseline"`` judges every trial against the fp32 baseline; ``"batch"``
-            against an fp32 run of the baseline at the trial's own batch size (run once per batch size,
-            when first needed), so the check isolates what precision, compile and graphs do from what
-            fewer optimizer steps do in a short trial.
-        reference_repeats: fp32 reference runs with different seeds; two or more give the noise band.
+            against an fp32 run of the baseline at the trial's own batch size (run once per batch size
+            and seed, when first needed), so the check isolates what precision, compile and graphs do from
+            what fewer optimizer steps do in a short trial.
+        reference_repeats: fp32 reference runs with different seeds, for the baseline and for each batch
+            size in ``"batch"`` mode; two or more give each reference its noise band.
         trial_timeout: Wall-clock seconds before a trial's process group is killed.
         memory_limit_gib: On CPU, address space a trial may add beyond its start (a device-memory
             stand-in that turns a too-large batch into an out-of-memory failure, not a host OOM kill).
@@ -324,22 +326,41 @@ class Tuner:
         return study_dir(self.study_name, self.studies_dir) / "logs"
 
     def _batch_reference(self, study: optuna.Study, space: _space.SearchSpace, batch_size: int,
-                         ui: "_Progress") -> None:
-        """With ``accuracy_reference="batch"``: train the fp32 baseline at this batch size once, for the
-        accuracy check of every trial at it. A failed run (say fp32 does not fit where bf16 did) is
-        recorded, and those trials fall back to the baseline reference."""
+                         ui: "_Progress") -> float:
+        """With ``accuracy_reference="batch"``: train the fp32 baseline at this batch size, once per seed of
+        the baseline's reference, for the accuracy check of every trial at it; the seeds' spread is this
+        batch's noise band (a large batch's short run can be far noisier than the baseline's). A failed run
+        (say fp32 does not fit where bf16 did) is recorded, and those trials fall back to the baseline
+        reference. Returns the seconds it took (0 when no run was needed)."""
         key, failed = f"{BATCH_REFERENCE}{batch_size}", f"{BATCH_REFERENCE_FAILED}{batch_size}"
         if (self.accuracy_reference != "batch" or batch_size == space.baseline.batch_size
                 or key in study.user_attrs or failed in study.user_attrs):
-            return
+            return 0.0
+        started = time.perf_counter()
         config = space.baseline.replace(precision="fp32", batch_size=batch_size)
-        ui.status(f"reference at batch {batch_size}: {config.describe()}")
-        outcome = run_isolated(self._spec(config, space.budget, self.seed, space.baseline),
-                               workdir=self._logdir() / f"reference-batch-{batch_size}", timeout=self.trial_timeout)
-        if outcome.ok and outcome.measurement is not None and outcome.measurement.metric is not None:
-            study.set_user_attr(key, outcome.measurement.metric)
-        else:
-            study.set_user_attr(failed, f"{outcome.status}: {outcome.error}")
+        metrics = []
+        for repeat in range(self.reference_repeats):
+            ui.status(f"reference at batch {batch_size} {repeat + 1}/{self.reference_repeats}: {config.describe()}")
+            outcome = run_isolated(
+                self._spec(config, space.budget, self.seed + repeat, space.baseline),
+                workdir=self._logdir() / f"reference-batch-{batch_size}" / f"seed-{self.seed + repeat}",
+                timeout=self.trial_timeout,
+            )
+            if not (outcome.ok and outcome.measurement is not None and outcome.measurement.metric is not None):
+                study.set_user_attr(failed, f"{outcome.status}: {outcome.error}")
+                return time.perf_counter() - started
+            metrics.append(outcome.measurement.metric)
+        if len(metrics) >= 2:
+            study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch_size}", max(metrics) - min(metrics))
+        study.set_user_attr(key, metrics[0])  # the trial's own seed, as for the baseline reference
+        return time.perf_counter() - started
+
+    def _metric_noise(self, study: optuna.Study, batch_size: int) -> float:
+        """The noise band a trial at this batch is allowed: its batch reference's, else the baseline's."""
+        attrs = study.user_attrs
+        if f"{BATCH_REFERENCE}{batch_size}" in attrs and f"{BATCH_REFERENCE_NOISE}{batch_size}" in attrs:
+            return attrs[f"{BATCH_REFERENCE_NOISE}{batch_size}"]
+        return attrs.get("metric_noise", 0.0)
 
     def _accuracy_loss(self, study: optuna.Study, metric: Optional[float], batch_size: int) -> float:
         reference = study.user_attrs.get(f"{BATCH_REFERENCE}{batch_size}", study.user_attrs.get("reference_metric"))
@@ -349,7 +370,7 @@ class Tuner:
         return loss
 
     def _tell(self, study: optuna.Study, trial: optuna.Trial, config: TrialConfig, outcome: TrialOutcome) -> None:
-        threshold = self.max_accuracy_loss + study.user_attrs.get("metric_noise", 0.0)
+        threshold = self.max_accuracy_loss + self._metric_noise(study, config.batch_size)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("status", outcome.status)
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
@@ -556,7 +577,10 @@ class Tuner:
                         timeout=self.trial_timeout,
                     )
                     if outcome.ok:
-                        self._batch_reference(study, space, config.batch_size, ui)
+                        # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
+                        reference_seconds = self._batch_reference(study, space, config.batch_size, ui)
+                        if reference_seconds:
+                            trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
                 self._tell(study, trial, config, outcome)
         except BaseException:
             if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:

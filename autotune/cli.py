@@ -40,7 +40,7 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
     p.add_argument("--accuracy-reference", choices=("baseline", "batch"), default="baseline",
                    help="judge accuracy against the fp32 baseline, or against fp32 at each trial's batch size "
-                        "(one more reference run per batch size; default baseline)")
+                        "(reference runs per batch size, one per seed; default baseline)")
     p.add_argument("--trial-timeout", type=_positive_float, default=600.0, help="seconds per trial (default 600)")
     p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
                    help="CPU only: address space a trial may add, so a too-large batch fails as oom")

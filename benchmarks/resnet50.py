@@ -129,27 +129,35 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
                 t95 = (t.datetime_complete - created).total_seconds()
                 break
     # Everything in a trial's life (ask to tell) that is not train_fn running: sampling, storage, the
-    # trial process's start and teardown, loading the target.
+    # trial process's start and teardown, loading the target. A per-batch fp32 reference that ran inside
+    # the ask-to-tell (--accuracy-reference batch) is a reference run, reported on its own line.
+    def trial_wall(t: optuna.trial.FrozenTrial) -> float:
+        ask_to_tell = (t.datetime_complete - t.datetime_start).total_seconds()
+        return ask_to_tell - t.user_attrs.get("reference_seconds", 0.0)
+
     overheads = [
-        1 - t.user_attrs["run_seconds"] / (t.datetime_complete - t.datetime_start).total_seconds()
+        1 - t.user_attrs["run_seconds"] / trial_wall(t)
         for t in trials if t.user_attrs.get("run_seconds") and t.datetime_complete and t.datetime_start
-        and "duplicate_of" not in t.user_attrs and (t.datetime_complete - t.datetime_start).total_seconds() > 0
+        and "duplicate_of" not in t.user_attrs and trial_wall(t) > 0
     ]
+    batch_reference_seconds = [t.user_attrs["reference_seconds"] for t in trials if "reference_seconds" in t.user_attrs]
     hw = study.user_attrs["hardware"]
     lines = [
         f"# ResNet-50 on {hw['gpu_name']}: what autotune found",
         "",
         f"- Date: {datetime.date.today()}; GPU {hw['gpu_name']} (driver {hw['driver']}); torch {hw['torch']}",
-        f"- Command: `python -m benchmarks.resnet50 --variant {args.variant} --space {args.space} --trials {args.trials}"
-        + (f" --timeout {args.timeout:.0f}" if args.timeout else "")
-        + f" --confirm-rounds {args.confirm_rounds} --trial-timeout {args.trial_timeout:.0f}"
-        + f" --accuracy-reference {study.user_attrs.get('accuracy_reference', 'baseline')}`",
+        (f"- Command: `python -m benchmarks.resnet50 --study {study.study_name} --report-only --repeat {args.repeat}` "
+         "(the tuning calls are listed under the tuner's wall time)" if args.report_only else
+         f"- Command: `python -m benchmarks.resnet50 --variant {args.variant} --space {args.space} --trials {args.trials}"
+         + (f" --timeout {args.timeout:.0f}" if args.timeout else "")
+         + f" --confirm-rounds {args.confirm_rounds} --trial-timeout {args.trial_timeout:.0f}"
+         + f" --accuracy-reference {study.user_attrs.get('accuracy_reference', 'baseline')}`"),
         f"- Study `{study.study_name}`; budget per trial: {study.user_attrs['space']['budget']}",
         "",
         "| quantity | value |",
         "|---|---|",
         f"| baseline (fp32, bs64, eager) | {result.baseline_throughput:,.0f} img/s |",
-        f"| best found | {best.throughput:,.0f} img/s: `{best.config.describe()}` (trial #{best.number})" if best else "| best found | none |",
+        f"| best found | {best.throughput:,.0f} img/s: `{best.config.describe()}` (trial #{best.number}) |" if best else "| best found | none |",
         f"| speed-up | {result.speedup:.2f}x |",
         f"| trials used | {len(trials)} (+{len(study.user_attrs.get('reference_metrics', []))} reference runs) |",
         f"| wall time of the whole run (this call) | {wall / 60:.1f} min |" if wall == wall else None,
@@ -157,6 +165,8 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         f"| study span, first trial start to last trial end | {span / 60:.1f} min |",
         f"| time to 95% of the final best | {t95 / 60:.1f} min |" if t95 is not None else "| time to 95% | n/a |",
         f"| per-trial overhead (sampling, storage, process start and teardown) / trial wall, ask to tell | median {statistics.median(overheads) * 100:.1f}%, max {max(overheads) * 100:.1f}% |" if overheads else None,
+        f"| fp32 references at the trials' batch sizes (--accuracy-reference batch) | {len(batch_reference_seconds)} runs, "
+        f"{sum(batch_reference_seconds) / 60:.1f} min |" if batch_reference_seconds else None,
         "",
         "| # | status | config | img/s | spread | compile s | wall s | accuracy loss |",
         "|---:|---|---|---:|---:|---:|---:|---:|",

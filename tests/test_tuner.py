@@ -375,6 +375,13 @@ def test_accuracy_reference_at_the_trials_batch_size(tmp_path, cpu_caps, write_s
     assert study.user_attrs["accuracy_reference"] == reference
     batch_refs = {k: v for k, v in study.user_attrs.items() if k.startswith("reference_metric:batch=")}
     assert batch_refs == ({"reference_metric:batch=64": pytest.approx(0.836)} if reference == "batch" else {})
+    # The batch reference runs inside the ask-to-tell of the first trial at batch 64, and that trial says how long.
+    timed = [t for t in study.trials if "reference_seconds" in t.user_attrs]
+    assert len(timed) == (1 if reference == "batch" else 0)
+    if timed:
+        assert timed[0].params["batch_size"] == 64
+        ask_to_tell = (timed[0].datetime_complete - timed[0].datetime_start).total_seconds()
+        assert 0 < timed[0].user_attrs["reference_seconds"] < ask_to_tell - timed[0].user_attrs["run_seconds"]
     note = "\n".join(summary_lines(study, {}))  # the study note in the dashboard says which reference
     assert ("against fp32 at its own batch size (batch 64: 0.8360)" in note) == (reference == "batch")
 
@@ -382,6 +389,32 @@ def test_accuracy_reference_at_the_trials_batch_size(tmp_path, cpu_caps, write_s
 def test_an_unknown_accuracy_reference_is_refused(tmp_path, cpu_caps, write_space) -> None:
     with pytest.raises(ValueError, match="accuracy_reference"):
         make_tuner(tmp_path, cpu_caps, "accuracy_by_batch", write_space(CHANNELS_SPACE), accuracy_reference="seed")
+
+
+@pytest.mark.parametrize("repeats, knob_passes_at_64", [(1, False), (2, True)])
+def test_a_batch_reference_with_two_seeds_gives_its_batch_its_own_noise_band(
+        tmp_path, cpu_caps, write_space, repeats, knob_passes_at_64) -> None:
+    # accuracy_noisy_at_64: batch 64's metric moves 0.03 between seeds, channels_last loses 0.02.
+    space = write_space("knobs:\n  batch_size: [16, 64]\n  channels_last: [false, true]\nbaseline: {batch_size: 16}\n"
+                        + TINY_BUDGET)
+    make_tuner(tmp_path, cpu_caps, "accuracy_noisy_at_64", space, n_trials=4, accuracy_reference="batch",
+               reference_repeats=repeats, study_name="ref").run()
+    study = open_study(sqlite_url(tmp_path), "ref")
+    trials = {(t.params["batch_size"], t.params["channels_last"]): t for t in study.get_trials(states=(TrialState.COMPLETE,))}
+
+    def feasible(key):
+        return all(c <= 0 for c in trials[key].constraints.values())
+
+    assert trials[(64, True)].user_attrs["accuracy_loss"] == pytest.approx(0.02)
+    # Two seeds at batch 64 measure its noise (0.03), and a loss within bound + noise passes there ...
+    assert feasible((64, True)) == knob_passes_at_64
+    assert study.user_attrs.get("reference_noise:batch=64") == (pytest.approx(0.03) if repeats == 2 else None)
+    # ... while batch 16 keeps the baseline's band (its seeds agree), so the same knob is caught there.
+    assert not feasible((16, True)) and feasible((16, False)) and feasible((64, False))
+    runs = sorted(p.name for p in (tmp_path / "studies" / "ref" / "logs" / "reference-batch-64").iterdir())
+    assert runs == [f"seed-{seed}" for seed in range(repeats)]
+    note = "\n".join(summary_lines(study, {}))
+    assert ("batch 64: 0.8360, noise band 0.0300" in note) == (repeats == 2)
 
 
 def test_a_batch_reference_that_does_not_fit_falls_back_to_the_baseline(tmp_path, cpu_caps, write_space) -> None:

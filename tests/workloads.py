@@ -184,6 +184,14 @@ def accuracy_by_batch(ctx) -> None:
     ctx.report_metric(0.9 - ctx.config.batch_size / 1000 - (0.05 if ctx.config.channels_last else 0.0))
 
 
+def accuracy_noisy_at_64(ctx) -> None:
+    """At batch 64 the metric moves 0.03 from seed 0 to seed 1 (a short large-batch run is noisy);
+    channels_last loses 0.02."""
+    _manual_windows(ctx)
+    noise = 0.03 * ctx.seed if ctx.config.batch_size == 64 else 0.0
+    ctx.report_metric(0.9 - ctx.config.batch_size / 1000 - (0.02 if ctx.config.channels_last else 0.0) - noise)
+
+
 def accuracy_by_batch_fp32_oom_at_64(ctx) -> None:
     """accuracy_by_batch, but fp32 at batch 64 runs out of memory where bf16 fits."""
     if ctx.config.precision == "fp32" and ctx.config.batch_size >= 64:
