@@ -28,6 +28,7 @@ from autotune import TrialConfig
 from autotune._results import summarize_study
 
 GRID_KNOBS = ("precision", "channels_last", "batch_size", "cuda_graphs", "compile")
+GRID_BATCHES = (128, 256, 512)  # the coarse grid; a sweep table may hold other batch sizes too
 
 
 def grid_key(params: dict[str, Any]) -> tuple:
@@ -39,7 +40,8 @@ def load_grid(path: Path) -> dict[tuple, dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            rows[grid_key(row["params"])] = row
+            if row["params"].get("batch_size") in GRID_BATCHES:
+                rows[grid_key(row["params"])] = row
     return rows
 
 
@@ -61,7 +63,7 @@ def grid_table(grids: dict[str, dict[tuple, dict[str, Any]]], tuner_gpu: str) ->
                 merged[key] = (gpu, row)
     for precision in ("fp32", "tf32", "fp16", "bf16"):
         for cl in (False, True):
-            for batch in (128, 256, 512):
+            for batch in GRID_BATCHES:
                 cells = []
                 for compile_mode in ("off", "default"):
                     for graphs in (False, True):
