@@ -244,10 +244,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             current = anchor.get(name)
             if name not in asked or not (_is_number(current) and all(_is_number(v) for v in values)):
                 continue
-            rest = self._key({k: v for k, v in asked.items() if k != name})
+            rest = self._rest_key(asked, name)
             slower = [s.params[name] for s in seen
                       if s.value is not None and s.value < best.value and name in s.params
-                      and self._key({k: v for k, v in s.params.items() if k != name}) == rest]
+                      and self._rest_key(s.params, name) == rest]
             for value in self._value_order(name, current):
                 if any(min(value, current) < u < max(value, current) for u in slower):
                     out.append((name, value))
@@ -276,8 +276,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             groups: dict[str, list[_Seen]] = {}
             for s in done:
                 if name in s.params:
-                    rest = {k: v for k, v in s.params.items() if k != name}
-                    groups.setdefault(self._key(rest), []).append(s)
+                    groups.setdefault(self._rest_key(s.params, name), []).append(s)
             for members in groups.values():
                 for a in members:
                     for b in members:
@@ -295,6 +294,11 @@ class GuidedSampler(optuna.samplers.BaseSampler):
     @staticmethod
     def _key(params: Mapping[str, Any]) -> str:
         return json.dumps(params, sort_keys=True, default=str)
+
+    @classmethod
+    def _rest_key(cls, params: Mapping[str, Any], name: str) -> str:
+        """The key of a config with one knob left out: configs on one line along that knob share it."""
+        return cls._key({k: v for k, v in params.items() if k != name})
 
     def _read(self, study: optuna.Study, *, exclude: int) -> list[_Seen]:
         return [seen_trial(t, self._space) for t in study._get_trials(deepcopy=False, states=_TAKEN, use_cache=True)

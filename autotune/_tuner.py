@@ -350,17 +350,14 @@ class Tuner:
                 study.set_user_attr(failed, f"{outcome.status}: {outcome.error}")
                 return time.perf_counter() - started
             metrics.append(outcome.measurement.metric)
+        study.set_user_attr(key, metrics[0])  # the trial's own seed, as for the baseline reference
         if len(metrics) >= 2:
             study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch_size}", max(metrics) - min(metrics))
-        study.set_user_attr(key, metrics[0])  # the trial's own seed, as for the baseline reference
         return time.perf_counter() - started
 
     def _metric_noise(self, study: optuna.Study, batch_size: int) -> float:
         """The noise band a trial at this batch is allowed: its batch reference's, else the baseline's."""
-        attrs = study.user_attrs
-        if f"{BATCH_REFERENCE}{batch_size}" in attrs and f"{BATCH_REFERENCE_NOISE}{batch_size}" in attrs:
-            return attrs[f"{BATCH_REFERENCE_NOISE}{batch_size}"]
-        return attrs.get("metric_noise", 0.0)
+        return study.user_attrs.get(f"{BATCH_REFERENCE_NOISE}{batch_size}", study.user_attrs.get("metric_noise", 0.0))
 
     def _accuracy_loss(self, study: optuna.Study, metric: Optional[float], batch_size: int) -> float:
         reference = study.user_attrs.get(f"{BATCH_REFERENCE}{batch_size}", study.user_attrs.get("reference_metric"))

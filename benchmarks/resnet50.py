@@ -165,8 +165,8 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         f"| study span, first trial start to last trial end | {span / 60:.1f} min |",
         f"| time to 95% of the final best | {t95 / 60:.1f} min |" if t95 is not None else "| time to 95% | n/a |",
         f"| per-trial overhead (sampling, storage, process start and teardown) / trial wall, ask to tell | median {statistics.median(overheads) * 100:.1f}%, max {max(overheads) * 100:.1f}% |" if overheads else None,
-        f"| fp32 references at the trials' batch sizes (--accuracy-reference batch) | {len(batch_reference_seconds)} runs, "
-        f"{sum(batch_reference_seconds) / 60:.1f} min |" if batch_reference_seconds else None,
+        f"| fp32 references at the trials' batch sizes (--accuracy-reference batch) | {len(batch_reference_seconds)} batch "
+        f"sizes, one run per seed each, {sum(batch_reference_seconds) / 60:.1f} min |" if batch_reference_seconds else None,
         "",
         "| # | status | config | img/s | spread | compile s | wall s | accuracy loss |",
         "|---:|---|---|---:|---:|---:|---:|---:|",
