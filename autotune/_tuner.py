@@ -13,7 +13,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -295,13 +295,8 @@ class Tuner:
         """
         baseline = space.baseline.replace(precision="fp32")
         metrics, rates, first = [], [], None
-        for repeat in range(self.reference_repeats):
-            seed = self.seed + repeat
-            ui.status(f"reference {repeat + 1}/{self.reference_repeats}: {baseline.describe()} (seed {seed})")
-            workdir = self._logdir() / f"reference-{repeat}"
-            outcome = run_isolated(
-                self._spec(baseline, space.budget, seed, space.baseline), workdir=workdir, timeout=self.trial_timeout
-            )
+        runs = self._fp32_runs(space, baseline, lambda repeat: self._logdir() / f"reference-{repeat}", "", ui)
+        for workdir, outcome in runs:
             if not outcome.ok or outcome.measurement is None:
                 raise WorkloadError(
                     f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
@@ -310,7 +305,6 @@ class Tuner:
             metrics.append(outcome.measurement.metric)
             rates.append(outcome.measurement.throughput)
             first = first or outcome.measurement.to_dict()
-        real = [m for m in metrics if m is not None]
         return {
             "baseline_config": baseline.to_dict(),
             "baseline_throughput": rates[0],
@@ -318,8 +312,19 @@ class Tuner:
             "reference_metrics": metrics,
             "reference_throughputs": rates,
             "reference_measurement": first,
-            "metric_noise": (max(real) - min(real)) if len(real) >= 2 else 0.0,
+            "metric_noise": _noise_band(metrics),
         }
+
+    def _fp32_runs(self, space: _space.SearchSpace, config: TrialConfig, workdir_of: Callable[[int], Path],
+                   where: str, ui: "_Progress") -> Iterator[tuple[Path, TrialOutcome]]:
+        """Run ``config`` (an fp32 reference) once per reference seed, each an isolated trial in
+        ``workdir_of(repeat)``; yields each run's workdir and outcome, so the caller may stop at a failure."""
+        for repeat in range(self.reference_repeats):
+            seed = self.seed + repeat
+            ui.status(f"reference{where} {repeat + 1}/{self.reference_repeats}: {config.describe()} (seed {seed})")
+            workdir = workdir_of(repeat)
+            yield workdir, run_isolated(self._spec(config, space.budget, seed, space.baseline), workdir=workdir,
+                                        timeout=self.trial_timeout)
 
     # -- trials ----------------------------------------------------------------------------------
     def _logdir(self) -> Path:
@@ -339,20 +344,16 @@ class Tuner:
         started = time.perf_counter()
         config = space.baseline.replace(precision="fp32", batch_size=batch_size)
         metrics = []
-        for repeat in range(self.reference_repeats):
-            ui.status(f"reference at batch {batch_size} {repeat + 1}/{self.reference_repeats}: {config.describe()}")
-            outcome = run_isolated(
-                self._spec(config, space.budget, self.seed + repeat, space.baseline),
-                workdir=self._logdir() / f"reference-batch-{batch_size}" / f"seed-{self.seed + repeat}",
-                timeout=self.trial_timeout,
-            )
+        logdir = self._logdir() / f"reference-batch-{batch_size}"
+        runs = self._fp32_runs(space, config, lambda repeat: logdir / f"seed-{self.seed + repeat}", f" at batch {batch_size}", ui)
+        for _, outcome in runs:
             if not (outcome.ok and outcome.measurement is not None and outcome.measurement.metric is not None):
                 study.set_user_attr(failed, f"{outcome.status}: {outcome.error}")
                 return time.perf_counter() - started
             metrics.append(outcome.measurement.metric)
         study.set_user_attr(key, metrics[0])  # the trial's own seed, as for the baseline reference
         if len(metrics) >= 2:
-            study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch_size}", max(metrics) - min(metrics))
+            study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch_size}", _noise_band(metrics))
         return time.perf_counter() - started
 
     def _metric_noise(self, study: optuna.Study, batch_size: int) -> float:
@@ -700,6 +701,12 @@ class Tuner:
         if ref_m is not None and best_m is not None:
             report["accuracy_loss"] = ref_m - best_m if self.metric_direction == "maximize" else best_m - ref_m
         study.set_user_attr("confirmation", report)
+
+
+def _noise_band(metrics: list[Optional[float]]) -> float:
+    """The spread of the metrics that reference seeds reached (0 with fewer than two)."""
+    real = [m for m in metrics if m is not None]
+    return (max(real) - min(real)) if len(real) >= 2 else 0.0
 
 
 def _measurement_attrs(m: Measurement) -> dict[str, Any]:
