@@ -6,18 +6,18 @@ steady-state throughput and accuracy loss against an fp32 reference, and returns
 
 from autotune._api import load_best, load_study_result, run
 from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord
-from autotune._diagnose import Diagnosis, annotate_trials, diagnose
+from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose
 from autotune._errors import AutotuneError, KnobError, ReportError, SpaceError, StudyError, TableError, WorkloadError
-from autotune._report import annotate_study, write_report
-from autotune._sampler import GuidedSampler
-from autotune._simulate import ReplayTable, simulate
-from autotune._space import SearchSpace, load_space
-from autotune._tuner import Tuner
+from autotune.insight._report import annotate_study, write_report
+from autotune.search._sampler import GuidedSampler
+from autotune.search._simulate import ReplayTable, simulate
+from autotune.search._space import SearchSpace, load_space
+from autotune.study._tuner import Tuner
 
 __version__ = "0.1.0"
 
 # These need torch; importing them lazily keeps the coordinator and the CLI free of a torch import.
-_LAZY = {"TrialContext": "autotune._context", "NonFiniteLoss": "autotune._context", "applied": "autotune._knobs"}
+_LAZY = {"TrialContext": "autotune.trial._context", "NonFiniteLoss": "autotune.trial._context", "applied": "autotune.trial._knobs"}
 
 
 def __getattr__(name: str):  # noqa: ANN202 - module-level lazy attribute

@@ -10,9 +10,10 @@ import optuna
 
 from autotune._config import Result, TrialConfig
 from autotune._errors import StudyError
-from autotune._storage import DEFAULT_STUDIES_DIR, open_storage, study_dir, study_exists
-from autotune._results import summarize_study
-from autotune._tuner import Tuner
+from autotune._records import DEFAULT_STUDIES_DIR, study_dir
+from autotune.study._storage import open_storage, study_exists
+from autotune._records import summarize_study
+from autotune.study._tuner import Tuner
 
 
 def run(train_fn: Union[Callable[..., Any], str], **options: Any) -> Result:

@@ -126,7 +126,7 @@ _TUNER_OPTIONS = {
 
 
 def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None) -> Any:
-    from autotune._tuner import Tuner
+    from autotune.study._tuner import Tuner
 
     demo = target == DEMO_TARGET
     options = {keyword: getattr(args, option) for option, keyword in _TUNER_OPTIONS.items() if hasattr(args, option)}
@@ -170,7 +170,7 @@ def _tune(args: argparse.Namespace, target: str) -> int:
 def _worker_envs(args: argparse.Namespace) -> list[dict[str, str]]:
     if getattr(args, "gpus", None):
         if args.gpus == "all":
-            from autotune._hardware import probe
+            from autotune.hardware import probe
 
             count = probe().gpu_count
             if count == 0:
@@ -250,7 +250,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
     if result.removed_knobs:
         console.print("Removed by the capability probe: " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
     console.print(f"Best config written to {result.best_config_path}")
-    from autotune._storage import default_storage_url, mask_url
+    from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
     console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
@@ -258,7 +258,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
 
 def _best(args: argparse.Namespace) -> int:
     from autotune._api import load_study_result
-    from autotune._results import best_config_document
+    from autotune.study._results import best_config_document
 
     study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     doc = best_config_document(study, result)
@@ -274,7 +274,7 @@ def _best(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from autotune._api import load_study_result
-    from autotune._report import write_report
+    from autotune.insight._report import write_report
 
     study, _ = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     report = write_report(study, studies_dir=args.studies_dir)
@@ -296,7 +296,7 @@ def _finite(value: Any) -> Any:
 
 
 def _spaces(args: argparse.Namespace) -> int:
-    from autotune._space import builtin_spaces, load_space
+    from autotune.search._space import builtin_spaces, load_space
 
     paths = [Path(p) for p in args.paths] or builtin_spaces()
     failed = 0
@@ -312,7 +312,7 @@ def _spaces(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from autotune._simulate import ReplayTable, simulate, summaries_document
+    from autotune.search._simulate import ReplayTable, simulate, summaries_document
 
     if not 0 <= args.noise < 1:
         raise AutotuneError(f"--noise {args.noise}: expected a fraction in [0, 1)")
@@ -343,7 +343,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def _dashboard(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from autotune._storage import default_storage_url, mask_url, open_storage
+    from autotune.study._storage import default_storage_url, mask_url, open_storage
 
     url = args.storage or default_storage_url(Path(args.studies_dir))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():

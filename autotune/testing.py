@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from autotune._simulate import config_key, replay_env, replay_train
+from autotune.search._simulate import config_key, replay_env, replay_train
 
 __all__ = ["FakeNvml", "config_key", "replay_env", "replay_train"]
 

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from autotune import Budget, TrialConfig
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 
 HERE = Path(__file__).parent
 WORKLOADS = HERE / "cpu_fault_workloads.py"

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Optional
 
 from autotune import Budget, TrialConfig, TrialOutcome
-from autotune._hardware import probe
-from autotune._images import list_images
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.hardware import probe
+from autotune.trial._images import list_images
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 
 WORKLOAD = str(Path(__file__).with_name("jpeg_workload.py"))
 

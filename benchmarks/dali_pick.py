@@ -16,7 +16,8 @@ from pathlib import Path
 
 from autotune import Budget, TrialConfig
 from autotune._api import load_study_result
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 from benchmarks.dali_h200 import WORKLOAD
 
 

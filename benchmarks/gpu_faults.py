@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from autotune import Budget, TrialConfig
-from autotune._hardware import probe
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.hardware import probe
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 
 HERE = Path(__file__).parent
 NORMAL = f"{HERE / 'fault_workloads.py'}:train"

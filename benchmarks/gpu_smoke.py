@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 from autotune import Budget, TrialConfig
-from autotune._hardware import probe
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.hardware import probe
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 
 WORKLOAD = str(Path(__file__).with_name("smoke_workload.py")) + ":train"
 BASE = TrialConfig(batch_size=64)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import optuna
 
 from autotune import TrialConfig
-from autotune._results import summarize_study
+from autotune._records import summarize_study
 
 GRID_KNOBS = ("precision", "channels_last", "batch_size", "cuda_graphs", "compile")
 GRID_BATCHES = (128, 256, 512)  # the coarse grid; a sweep table may hold other batch sizes too

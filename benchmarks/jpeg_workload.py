@@ -20,7 +20,7 @@ import os
 import torch
 from torch import nn
 
-from autotune._images import IMAGENET_MEAN, IMAGENET_STD, input_dtype, list_images
+from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, input_dtype, list_images
 
 
 def _root() -> str:

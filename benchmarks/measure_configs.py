@@ -13,8 +13,9 @@ from pathlib import Path
 import yaml
 
 from autotune import Budget, TrialConfig
-from autotune._hardware import probe
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.hardware import probe
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 
 
 def parse(text: str) -> TrialConfig:

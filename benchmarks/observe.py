@@ -28,8 +28,8 @@ from typing import Any
 import optuna
 
 from autotune import ReportError, TrialConfig, Tuner, load_space
-from autotune._diagnose import diagnose_study, gpu_reading
-from autotune._report import diagnosis_table_markdown, summary_lines, write_report
+from autotune.insight._diagnose import diagnose_study, gpu_reading
+from autotune.insight._report import diagnosis_table_markdown, summary_lines, write_report
 
 HERE = Path(__file__).resolve().parent
 GPU_TARGET = f"{HERE / 'resnet50_workload.py'}:train_loader"

@@ -19,10 +19,10 @@ import optuna
 import yaml
 
 from autotune import Tuner
-from autotune._hardware import Capabilities
-from autotune._simulate import ReplayTable, replay_env
+from autotune.hardware import Capabilities
+from autotune.search._simulate import ReplayTable, replay_env
 
-TARGET = "autotune._simulate:replay_train"
+TARGET = "autotune.search._simulate:replay_train"
 
 
 def space_yaml(table: ReplayTable, baseline: dict) -> dict:

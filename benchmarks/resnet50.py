@@ -23,7 +23,8 @@ import optuna
 
 import autotune
 from autotune._api import load_study_result
-from autotune._isolation import TrialSpec, run_isolated
+from autotune.trial._execute import TrialSpec
+from autotune.study._isolation import run_isolated
 
 WORKLOADS = Path(__file__).with_name("resnet50_workload.py")
 

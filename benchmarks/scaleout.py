@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune._storage import open_storage
+from autotune.study._storage import open_storage
 
 WORKLOAD = "benchmarks/resnet50_workload.py:train_device"
 SPACE = "benchmarks/spaces/scaleout.yaml"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import optuna
 
-from autotune._sampler import DEFAULT_KNOB_ORDER, GuidedSampler
-from autotune._simulate import ReplayTable, replay
+from autotune.search._sampler import DEFAULT_KNOB_ORDER, GuidedSampler
+from autotune.search._simulate import ReplayTable, replay
 
 NEW_COMPILE_S, CACHED_COMPILE_S, EAGER_S = 65.0, 25.0, 12.0
 PRECISION_FIRST = ("precision", "batch_size", *(k for k in DEFAULT_KNOB_ORDER if k not in ("precision", "batch_size")))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune._simulate import ReplayTable, simulate
+from autotune.search._simulate import ReplayTable, simulate
 
 TABLES = Path(__file__).with_name("tables")
 

@@ -8,7 +8,7 @@ import sys
 import optuna
 
 from autotune import TrialConfig
-from autotune._results import summarize_study
+from autotune._records import summarize_study
 
 
 def main(storage: str, name: str) -> None:

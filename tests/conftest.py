@@ -14,7 +14,7 @@ _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-from autotune._hardware import Capabilities
+from autotune.hardware import Capabilities
 
 
 @pytest.fixture

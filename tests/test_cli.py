@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from autotune._space import builtin_spaces
+from autotune.search._space import builtin_spaces
 from workloads import WORKLOADS
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,9 +16,9 @@ import torch
 from optuna.trial import TrialState
 
 from autotune import Budget, KnobError, SpaceError, TrialConfig, TrialContext, Tuner, WorkloadError, load_space
-from autotune._hardware import Capabilities
-from autotune._images import Shard, list_images, shard_from_env
-from autotune._space import restrict_to
+from autotune.hardware import Capabilities
+from autotune.trial._images import Shard, list_images, shard_from_env
+from autotune.search._space import restrict_to
 from benchmarks import dali_pick, make_jpegs
 
 CPU = torch.device("cpu")
@@ -34,7 +34,7 @@ def dali() -> str:
     """DALI's version; fails (CI installs the extra) unless AUTOTUNE_SKIP_DALI=1 asks to skip."""
     if os.environ.get("AUTOTUNE_SKIP_DALI") == "1":
         pytest.skip("AUTOTUNE_SKIP_DALI=1: NVIDIA DALI tests skipped on request")
-    from autotune._dali import availability
+    from autotune.hardware import dali_availability as availability
 
     ok, detail = availability()
     if not ok:
@@ -223,7 +223,7 @@ def test_the_probe_removes_dali_with_the_reason_when_it_does_not_import(cpu_caps
 
 
 def test_the_probe_imports_dali_to_say_whether_it_works(dali) -> None:
-    from autotune._hardware import _probe_dali
+    from autotune.hardware._machine import _probe_dali
 
     assert _probe_dali() == {"dali": True, "extras": {"dali_version": dali}}
 
@@ -266,7 +266,7 @@ def test_each_loader_is_asked_only_its_own_knobs(write_space) -> None:
 
 def test_the_device_side_of_the_input_wait_adds_what_the_host_did_not_wait_for() -> None:
     # CUDA events need a GPU; this checks the arithmetic with stand-ins that time like them (milliseconds).
-    from autotune._context import _DeviceInputWait
+    from autotune.trial._context import _DeviceInputWait
 
     class Event:
         def __init__(self, ms: float) -> None:

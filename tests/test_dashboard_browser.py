@@ -23,8 +23,8 @@ import optuna
 import pytest
 
 from autotune import Tuner
-from autotune._hardware import Capabilities
-from autotune._report import study_artifacts
+from autotune.hardware import Capabilities
+from autotune.insight._report import study_artifacts
 from workloads import WORKLOADS
 
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).resolve().parent / "artifacts")

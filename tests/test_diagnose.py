@@ -13,7 +13,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune._diagnose import (
+from autotune.insight._diagnose import (
     COMPUTE_BOUND,
     DATA_WAIT_HIGH,
     INPUT_BOUND,

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from autotune import AutotuneError, Tuner, WorkloadError
-from autotune._hardware import Capabilities, GpuSampler, _visible_index, probe, throttle_reason_names
+from autotune.hardware import Capabilities, GpuSampler, probe, throttle_reason_names
+from autotune.hardware import visible_index as _visible_index
 from autotune.testing import FakeNvml
 from workloads import WORKLOADS
 
@@ -181,7 +182,7 @@ def test_throttle_reason_names(mask: int, names: list[str]) -> None:
 def test_probe_counts_the_cores_this_process_may_use_not_the_host(tmp_path) -> None:
     # A job pinned with taskset (or a cgroup cpuset) gets fewer cores than the host has; the loader
     # knobs must be judged against those.
-    code = "import os; os.sched_setaffinity(0, {0}); from autotune._hardware import probe; print(probe().cpu_count)"
+    code = "import os; os.sched_setaffinity(0, {0}); from autotune.hardware import probe; print(probe().cpu_count)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "1"

@@ -12,7 +12,9 @@ import torch
 
 import workloads
 from autotune import Budget, KnobError, NonFiniteLoss, TrialConfig, WorkloadError
-from autotune._isolation import TrialSpec, classify_exception, load_target, run_isolated, target_of
+from autotune.trial._execute import TrialSpec, classify_exception
+from autotune._target import load_target, target_of
+from autotune.study._isolation import run_isolated
 from workloads import PIDFILE_ENV, WORKLOADS
 
 BUDGET = Budget(samples=512, warmup_steps=1, windows=3)

@@ -156,7 +156,8 @@ def test_dashboard_warns_when_bound_to_all_interfaces(tmp_path, space):
 
 def _isolated(fn, tmp_path, timeout=60.0, **config):
     from autotune import Budget, TrialConfig
-    from autotune._isolation import TrialSpec, run_isolated
+    from autotune.trial._execute import TrialSpec
+    from autotune.study._isolation import run_isolated
 
     spec = TrialSpec(f"{HERE / 'scale_workloads.py'}:{fn}", TrialConfig(**config), Budget(samples=512, warmup_steps=1, windows=3))
     return run_isolated(spec, workdir=tmp_path / fn, timeout=timeout)

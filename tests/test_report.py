@@ -13,10 +13,18 @@ from optuna_dashboard import get_note, save_note
 from PIL import Image
 
 from autotune import ReportError, Tuner
-from autotune._diagnose import DATA_WAIT_HIGH, MEMORY_CAPACITY_BOUND, next_step, stored_diagnoses
-from autotune._hardware import Capabilities
-from autotune._report import ARTIFACT_FILES, NOTE_HEADING, PLOTS, _TrialRef, annotate_study, study_artifacts, write_report
-from autotune._results import summarize_study
+from autotune.insight._diagnose import DATA_WAIT_HIGH, MEMORY_CAPACITY_BOUND, next_step, stored_diagnoses
+from autotune.hardware import Capabilities
+from autotune.insight._report import (
+    ARTIFACT_FILES,
+    NOTE_HEADING,
+    PLOTS,
+    _TrialRef,
+    annotate_study,
+    study_artifacts,
+    write_report,
+)
+from autotune._records import summarize_study
 from test_cli import assert_one_line_error, cli
 from workloads import WORKLOADS
 

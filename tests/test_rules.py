@@ -1,6 +1,6 @@
 import pytest
 
-from autotune._rules import infeasible_reason, needs_at_least
+from autotune.search._rules import infeasible_reason, needs_at_least
 
 FAILED = {"precision": "bf16", "batch_size": 256, "channels_last": True, "compile": "off", "num_workers": 4}
 

@@ -5,7 +5,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune._sampler import GuidedSampler
+from autotune.search._sampler import GuidedSampler
 
 SPACE = {
     "precision": CategoricalDistribution(["fp32", "bf16"]),

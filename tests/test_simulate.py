@@ -13,10 +13,10 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import TableError, Tuner
-from autotune._simulate import ReplayTable, config_key, replay, replay_env, simulate
+from autotune.search._simulate import ReplayTable, config_key, replay, replay_env, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
-REPLAY = "autotune._simulate:replay_train"
+REPLAY = "autotune.search._simulate:replay_train"
 
 # precision x batch x channels_last. fp32 runs out of memory from batch 256, bf16 at 512; channels_last
 # helps bf16 only. The best is bf16 bs256 channels_last (374); bf16 bs128 channels_last is close (352).

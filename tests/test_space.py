@@ -11,8 +11,8 @@ import pytest
 
 from autotune import SpaceError, TrialConfig, load_space
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
-from autotune._hardware import Capabilities
-from autotune._space import SPACES_DIR, builtin_spaces, describe_changes, restrict_to
+from autotune.hardware import Capabilities
+from autotune.search._space import SPACES_DIR, builtin_spaces, describe_changes, restrict_to
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -14,9 +14,9 @@ from optuna.trial import TrialState
 
 import workloads
 from autotune import StudyError, TrialConfig, Tuner, WorkloadError, load_best, load_space, load_study_result
-from autotune._report import summary_lines
-from autotune._space import restrict_to
-from autotune._results import summarize_study
+from autotune.insight._report import summary_lines
+from autotune.search._space import restrict_to
+from autotune._records import summarize_study
 from workloads import WORKLOADS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -32,10 +32,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autotune import _knobs
+from autotune.trial import _knobs
 from autotune._config import COMPILE_MODES, PRECISIONS, TrialConfig
-from autotune._context import NonFiniteLoss
-from autotune._isolation import classify_exception
+from autotune.trial._context import NonFiniteLoss
+from autotune.trial._execute import classify_exception
 
 Params = dict[str, Any]
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -533,7 +533,7 @@ def _check_finite(step: _knobs.TrainStep, calls: int) -> None:
 def _gpu_sampler(device: torch.device) -> Any:
     if device.type != "cuda":
         return None
-    from autotune._hardware import GpuSampler
+    from autotune.hardware import GpuSampler
 
     sampler = GpuSampler(index=device.index or 0)
     return sampler if sampler.active else None

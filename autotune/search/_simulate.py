@@ -31,8 +31,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 
 from autotune._errors import TableError
-from autotune._rules import infeasible_reason
-from autotune._sampler import GuidedSampler
+from autotune.search._rules import infeasible_reason
+from autotune.search._sampler import GuidedSampler
 
 STATUSES = ("ok", "oom", "error")
 DEFAULT_STRATEGIES = ("guided", "guided-flat", "tpe", "random")

@@ -1,12 +1,12 @@
-"""Reading a study: its trials as records, the best feasible config, the summary and best_config.json.
+"""A stored study read back as typed records, and where a study's files live.
 
-Used by the tuner while it runs, and by ``autotune best``, ``load_best`` and the report afterwards.
+The one place that knows how trials are stored (their user attributes and constraints): the tuner reads
+its own study through it while it runs, and ``autotune best``, ``load_best`` and the report afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
 import warnings
@@ -16,9 +16,17 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._config import Result, TrialConfig, TrialRecord, dumps
+from autotune._config import Result, TrialConfig, TrialRecord
 from autotune._errors import StudyError
-from autotune._storage import study_dir
+
+DEFAULT_STUDIES_DIR = Path("studies")
+
+
+def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in study_name)
+    return studies_dir / safe
+
+
 
 # Study attributes, with the batch size appended, of accuracy_reference="batch": the fp32 reference metric
 # at that batch, the spread of its seeds (its noise band), or why its run failed.
@@ -138,40 +146,3 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),
         removed_knobs=dict(attrs.get("removed_knobs", {})),
     )
-
-
-def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
-    best = result.best
-    trial = study.trials[best.number] if best else None
-    measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
-    return {
-        "study": study.study_name,
-        "target": study.user_attrs.get("target"),
-        "config": best.config.to_dict() if best else None,
-        "trial": best.number if best else None,
-        "throughput": best.throughput if best else None,
-        "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
-        "accuracy_loss": best.accuracy_loss if best else None,
-        "baseline": {"config": result.baseline.to_dict(), "throughput": result.baseline_throughput},
-        "reference_metric": result.reference_metric,
-        "metric_noise": result.metric_noise,
-        "measurement": measurement,
-        "removed_knobs": result.removed_knobs,
-        "fingerprint": study.user_attrs.get("hardware", {}),
-        "confirmation": study.user_attrs.get("confirmation"),
-        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:
-    """Write ``studies/<study>/best_config.json`` atomically."""
-    path = study_dir(study.study_name, studies_dir) / "best_config.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(dumps(best_config_document(study, result)) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def _with_path(result: Result, path: Path) -> Result:
-    return dataclasses.replace(result, best_config_path=str(path))

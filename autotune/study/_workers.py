@@ -7,7 +7,7 @@ import socket
 import threading
 from typing import Any, Optional
 
-from autotune import _hardware
+from autotune import hardware as _hardware
 
 
 def _process_start(pid: int) -> str:
@@ -67,7 +67,7 @@ def _device_identity(caps: _hardware.Capabilities) -> dict[str, str]:
     """Which host and device this worker's trials run on, so different GPUs are never compared as equals."""
     identity = {"hostname": socket.gethostname()}
     if caps.cuda:
-        nvml = _hardware.nvml_identity(_hardware._visible_index(0))
+        nvml = _hardware.nvml_identity(_hardware.visible_index(0))
         identity["gpu_name"] = nvml.get("gpu_name", caps.gpu_name)
         identity["gpu_uuid"] = nvml.get("gpu_uuid", "")
         identity["device"] = identity["gpu_name"]

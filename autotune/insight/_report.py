@@ -25,10 +25,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import TrialConfig
-from autotune._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
+from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
-from autotune._results import batch_reference_noise, batch_references
-from autotune._storage import DEFAULT_STUDIES_DIR, study_dir
+from autotune._records import batch_reference_noise, batch_references
+from autotune._records import DEFAULT_STUDIES_DIR, study_dir
 
 ARTIFACTS_DIR = "artifacts"  # under studies_dir; `autotune dashboard` passes the same --artifact-dir
 NOTE_HEADING = "## autotune:"  # notes that start with it are autotune's to rewrite; others are left alone
@@ -94,7 +94,7 @@ def _describe(trial: FrozenTrial) -> str:
 
 
 def _result(study: optuna.Study) -> Any:
-    from autotune._results import summarize_study
+    from autotune._records import summarize_study
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # several device models: the summary says so itself

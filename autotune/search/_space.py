@@ -337,7 +337,7 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
     return space
 
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def space_path(name_or_path: Union[str, Path]) -> Path:

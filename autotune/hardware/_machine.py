@@ -1,6 +1,6 @@
 """What the machine can run, and who it is. The only module that imports ``pynvml``.
 
-The probe runs in a child process (``python -m autotune._hardware``) so that the coordinator never
+The probe runs in a child process (``python -m autotune.hardware``) so that the coordinator never
 creates a CUDA context of its own.
 """
 
@@ -123,11 +123,27 @@ def _probe_here() -> Capabilities:
     )
 
 
+def dali_availability() -> tuple[bool, str]:
+    """``(True, version)`` when ``nvidia.dali`` and its PyTorch plugin import, else ``(False, why)``."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("nvidia.dali") is not None
+    except ModuleNotFoundError:  # no "nvidia" namespace at all
+        found = False
+    if not found:
+        return False, "nvidia.dali is not installed"
+    try:
+        import nvidia.dali
+        import nvidia.dali.plugin.pytorch  # noqa: F401 - the iterator lives here
+    except Exception as exc:  # a broken install fails with whatever its native libraries raise
+        return False, f"importing nvidia.dali failed: {type(exc).__name__}: {exc}".splitlines()[0]
+    return True, str(getattr(nvidia.dali, "__version__", ""))
+
+
 def _probe_dali() -> dict[str, Any]:
     """Whether ``nvidia.dali`` imports here (a wheel can be present and still fail to load), and why not."""
-    from autotune._dali import availability
-
-    ok, detail = availability()
+    ok, detail = dali_availability()
     return {"dali": ok, "extras": {"dali_version" if ok else "dali_reason": detail}}
 
 
@@ -150,7 +166,7 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
 
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "autotune._hardware", *([target] if target else [])],
+            [sys.executable, "-m", "autotune.hardware", *([target] if target else [])],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -170,7 +186,7 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
 def _main(argv: list[str]) -> None:
     answer: dict[str, Any] = {"capabilities": _probe_here().to_dict()}
     if argv:
-        from autotune._isolation import load_target
+        from autotune._target import load_target
 
         try:
             load_target(argv[0])
@@ -181,9 +197,6 @@ def _main(argv: list[str]) -> None:
     sys.stdout.flush()
     print(json.dumps(answer))
 
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])
 
 
 class GpuSampler:
@@ -226,7 +239,7 @@ class GpuSampler:
                 self._nvml = None
         if self._nvml is not None:
             try:
-                self._handle = self._nvml.nvmlDeviceGetHandleByIndex(_visible_index(index))
+                self._handle = self._nvml.nvmlDeviceGetHandleByIndex(visible_index(index))
             except Exception:
                 self._nvml = None
 
@@ -349,7 +362,7 @@ def _percentile(ordered: list[float], pct: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def _visible_index(index: int) -> int:
+def visible_index(index: int) -> int:
     # NVML numbers every GPU on the host; CUDA_VISIBLE_DEVICES renumbers them for torch.
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     parts = [p.strip() for p in visible.split(",") if p.strip()]

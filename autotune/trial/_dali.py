@@ -1,9 +1,10 @@
-"""NVIDIA DALI behind ``ctx.image_loader`` (``loader: dali``). The only module that imports ``nvidia.dali``.
+"""NVIDIA DALI behind ``ctx.image_loader`` (``loader: dali``). The only module that builds DALI pipelines
+(``autotune.hardware`` only checks that ``nvidia.dali`` imports).
 
 The pipeline: file reader (shared listing, global shuffle every epoch, sharded from the environment),
 decode with a random crop (``mixed``: nvJPEG and the hardware JPEG decoder where the GPU has one;
 ``cpu`` without a GPU), resize to ``size`` x ``size``, random horizontal flip and normalisation in one
-operator, labels moved to the GPU. It produces what the torch backend produces (``autotune._images``).
+operator, labels moved to the GPU. It produces what the torch backend produces (``autotune.trial._images``).
 
 Without a GPU the pipeline runs in DALI's CPU-only mode (``device_id=None``): every operator runs on
 the CPU and batches come out as CPU tensors.
@@ -18,29 +19,12 @@ import torch
 
 from autotune._config import TrialConfig
 from autotune._errors import KnobError
-from autotune._images import ImageList, Shard
+from autotune.trial._images import ImageList, Shard
+from autotune.hardware import dali_availability
 
 # nvJPEG's allocations grown once up front instead of at each larger image (NVIDIA's ResNet-50 recipe).
 _DEVICE_MEMORY_PADDING = 211_025_920
 _HOST_MEMORY_PADDING = 140_544_512
-
-
-def availability() -> tuple[bool, str]:
-    """``(True, version)`` when ``nvidia.dali`` and its PyTorch plugin import, else ``(False, why)``."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("nvidia.dali") is not None
-    except ModuleNotFoundError:  # no "nvidia" namespace at all
-        found = False
-    if not found:
-        return False, "nvidia.dali is not installed"
-    try:
-        import nvidia.dali
-        import nvidia.dali.plugin.pytorch  # noqa: F401 - the iterator lives here
-    except Exception as exc:  # a broken install fails with whatever its native libraries raise
-        return False, f"importing nvidia.dali failed: {type(exc).__name__}: {exc}".splitlines()[0]
-    return True, str(getattr(nvidia.dali, "__version__", ""))
 
 
 def output_dtype(precision: str) -> torch.dtype:
@@ -99,7 +83,7 @@ def build(
     Raises:
         KnobError: DALI does not import here.
     """
-    ok, detail = availability()
+    ok, detail = dali_availability()
     if not ok:
         raise KnobError(f"loader=dali needs NVIDIA DALI, the `dali` extra (pip install -e '.[dali]'): {detail}")
     from nvidia.dali import Pipeline, fn, types

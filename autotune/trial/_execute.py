@@ -1,15 +1,10 @@
-"""One process per trial: its own process group, a wall-clock limit, and a classified failure.
+"""What runs inside a trial process: load ``train_fn``, apply the config, run it, classify how it ended.
 
-Trial processes are forked from a forkserver that has already imported torch (but never touched
-CUDA), so isolation does not cost a torch import per trial. Each child starts its own session, so a
-timeout kills the whole group, DataLoader workers included.
+The coordinator side (forking, limits, process groups, reaping) is ``autotune.study._isolation``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -18,11 +13,11 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from autotune._config import Budget, TrialConfig, TrialOutcome
 from autotune._errors import WorkloadError
+from autotune._target import load_target
 
 OOM_PATTERNS = (
     "out of memory",
@@ -39,8 +34,6 @@ CUDA_FATAL_PATTERNS = (
     "misaligned address",
     "illegal instruction",
 )
-STDERR_TAIL_CHARS = 2000
-
 
 @dataclass(frozen=True)
 class TrialSpec:
@@ -56,61 +49,9 @@ class TrialSpec:
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
 
 
-def target_of(fn: Callable[..., Any]) -> str:
-    """The ``module:function`` or ``path.py:function`` a trial process can import ``fn`` from.
-
-    Raises:
-        WorkloadError: ``fn`` is a lambda, a closure or otherwise not importable by name.
-    """
-    name = getattr(fn, "__qualname__", "")
-    module = getattr(fn, "__module__", None)
-    if not name or "<" in name or "." in name or module is None:
-        raise WorkloadError(
-            f"train_fn must be a module-level function, got {getattr(fn, '__qualname__', fn)!r}; "
-            "trials run in separate processes and import it by name"
-        )
-    if module == "__main__":
-        path = getattr(sys.modules["__main__"], "__file__", None)
-        if not path:
-            raise WorkloadError("train_fn is defined in an interactive session; put it in a .py file")
-        return f"{os.path.abspath(path)}:{name}"
-    return f"{module}:{name}"
-
-
-def load_target(target: str) -> Callable[..., Any]:
-    """Import ``path/to/file.py:func`` or ``package.module:func``.
-
-    Raises:
-        WorkloadError: the file, module or function is missing.
-    """
-    module_part, sep, func_name = target.rpartition(":")
-    if not sep or not module_part or not func_name:
-        raise WorkloadError(f"{target}: expected PATH.py:FUNCTION or MODULE:FUNCTION")
-    if module_part.endswith(".py") or os.sep in module_part:
-        path = Path(module_part)
-        if not path.is_file():
-            raise WorkloadError(f"{target}: no such file {module_part}")
-        mod_name = f"_autotune_workload_{path.stem}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        sys.path.insert(0, str(path.resolve().parent))
-        spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_part)
-        except ModuleNotFoundError as exc:
-            raise WorkloadError(f"{target}: cannot import module {exc.name!r}") from None
-    fn = getattr(module, func_name, None)
-    if not callable(fn):
-        raise WorkloadError(f"{target}: {module_part} has no function {func_name!r}")
-    return fn
-
-
 def classify_exception(exc: BaseException) -> str:
     """Map an exception raised by a trial to a failure class."""
-    from autotune._context import NonFiniteLoss
+    from autotune.trial._context import NonFiniteLoss
 
     if isinstance(exc, NonFiniteLoss):
         return "nan"
@@ -145,8 +86,8 @@ def execute(spec: TrialSpec) -> TrialOutcome:
     """Run one trial in this process and classify how it ended. Used by the trial child."""
     import torch
 
-    from autotune import _knobs
-    from autotune._context import TrialContext, TrialPruned
+    from autotune.trial import _knobs
+    from autotune.trial._context import TrialContext, TrialPruned
 
     start = time.perf_counter()
     try:
@@ -235,96 +176,3 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     os.replace(tmp, result_path)
     sys.stdout.flush()
     sys.stderr.flush()
-
-
-_CONTEXT: Optional[Any] = None
-
-
-def _mp_context() -> Any:
-    global _CONTEXT
-    if _CONTEXT is None:
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            _CONTEXT = multiprocessing.get_context("forkserver")
-            # Import torch once in the server (it does not initialise CUDA), not once per trial. Building
-            # any torch.optim optimizer imports torch._dynamo (seconds on a small CPU), so preload it too.
-            _CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "autotune._context", "autotune._isolation"])
-        else:
-            _CONTEXT = multiprocessing.get_context("spawn")
-    return _CONTEXT
-
-
-def start_trial_server() -> None:
-    """Start the process that forks trials now (it imports torch: seconds), not inside the first trial.
-
-    Otherwise the first trial of a run that has no reference run to do (a resume, a joining worker)
-    pays the start-up in its own wall time, which is then counted as that trial's overhead.
-    """
-    context = _mp_context()
-    if context.get_start_method() == "forkserver":
-        # The server imports its preload after it is launched; the first fork waits for that import.
-        ready = context.Process(target=_nothing)
-        ready.start()
-        ready.join()
-
-
-def _nothing() -> None:
-    pass
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - STDERR_TAIL_CHARS))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _kill_group(pid: int) -> None:
-    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float) -> TrialOutcome:
-    """Run one trial in a fresh process under a wall-clock limit.
-
-    Args:
-        spec: What to run.
-        workdir: Where the trial's log (stdout and stderr) and result file go.
-        timeout: Seconds before the trial's whole process group is killed.
-    """
-    workdir.mkdir(parents=True, exist_ok=True)
-    result_path = workdir / "result.json"
-    log_path = workdir / "trial.log"
-    for stale in (result_path, log_path):
-        stale.unlink(missing_ok=True)
-    start = time.perf_counter()
-    proc = _mp_context().Process(
-        target=_child,
-        args=(spec, str(result_path), str(log_path), os.getpid(), dict(os.environ)),
-        daemon=False,
-    )
-    proc.start()
-    assert proc.pid is not None
-    proc.join(timeout)
-    timed_out = proc.is_alive()
-    _kill_group(proc.pid)  # on timeout, and to reap anything a finished trial left behind
-    proc.join()
-    wall = time.perf_counter() - start
-    tail = _tail(log_path)
-    if timed_out:
-        return TrialOutcome("timeout", error=f"no result within {timeout:.0f}s", stderr_tail=tail, wall_seconds=wall)
-    if result_path.exists():
-        data = json.loads(result_path.read_text())
-        outcome = TrialOutcome.from_dict({**data, "stderr_tail": tail if data["status"] != "ok" else ""})
-        return dataclasses.replace(outcome, wall_seconds=wall)
-    code = proc.exitcode or 0
-    if code < 0:
-        name = signal.Signals(-code).name
-        return TrialOutcome("crash", error=f"killed by {name}", signal=name, stderr_tail=tail, wall_seconds=wall)
-    return TrialOutcome("crash", error=f"exited with code {code} and no result", stderr_tail=tail, wall_seconds=wall)

@@ -1,6 +1,6 @@
 """Image-folder input for ``ctx.image_loader``: the listing, sharding, and the torch backend.
 
-Both backends (torch here, DALI in ``autotune._dali``) read the same listing, apply the same augmentation
+Both backends (torch here, DALI in ``autotune.trial._dali``) read the same listing, apply the same augmentation
 (random resized crop with torchvision's defaults, a horizontal flip with probability 0.5, normalisation)
 and hand over batches in the same form, so that their throughputs compare like with like:
 

@@ -11,8 +11,8 @@ from typing import Any, Optional
 import optuna
 
 from autotune._errors import StudyError
+from autotune._records import DEFAULT_STUDIES_DIR
 
-DEFAULT_STUDIES_DIR = Path("studies")
 DEFAULT_DB = "autotune.db"
 
 
@@ -91,11 +91,6 @@ def open_storage(
     except Exception as exc:  # SQLAlchemy raises many types; the user needs one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot open storage {mask_url(url)}: {mask_url(first)}") from None
-
-
-def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in study_name)
-    return studies_dir / safe
 
 
 def study_exists(storage: Any, study_name: str) -> bool:

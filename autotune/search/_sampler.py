@@ -34,7 +34,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._rules import infeasible_reason
+from autotune.search._rules import infeasible_reason
 
 # Most promising value first. Numeric knobs without a prior start at the upper median of their values.
 DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {

@@ -8,11 +8,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune import _images, _knobs
+from autotune.trial import _images, _knobs
 from autotune._config import Budget, Measurement, TrialConfig
 from autotune._errors import KnobError
-from autotune._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
-from autotune._measure import Window, WindowRecorder, summarize, synchronize
+from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
+from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -142,7 +142,7 @@ class TrialContext:
             )
         dtype = _images.input_dtype(cfg.precision)
         if cfg.loader == "dali":
-            from autotune import _dali
+            from autotune.trial import _dali
 
             self.extras["input_backend"] = "dali-gpu" if self.device.type == "cuda" else "dali-cpu"
             return _dali.build(listing, config=cfg, device=self.device, seed=self.seed, size=size, mean=mean,
@@ -266,7 +266,7 @@ class TrialContext:
     def _gpu_sampler(self) -> Any:
         if self.device.type != "cuda":
             return None
-        from autotune._hardware import GpuSampler
+        from autotune.hardware import GpuSampler
 
         sampler = GpuSampler(index=self.device.index or 0)
         return sampler if sampler.active else None

@@ -1,0 +1,115 @@
+"""One process per trial, from the coordinator's side: its own process group, a wall-clock limit, reaping.
+
+Trial processes are forked from a forkserver that has already imported torch (but never touched
+CUDA), so isolation does not cost a torch import per trial. Each child starts its own session, so a
+timeout kills the whole group, DataLoader workers included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from autotune._config import TrialOutcome
+from autotune.trial._execute import TrialSpec, _child
+
+STDERR_TAIL_CHARS = 2000
+
+
+_CONTEXT: Optional[Any] = None
+
+
+def _mp_context() -> Any:
+    global _CONTEXT
+    if _CONTEXT is None:
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            _CONTEXT = multiprocessing.get_context("forkserver")
+            # Import torch once in the server (it does not initialise CUDA), not once per trial. Building
+            # any torch.optim optimizer imports torch._dynamo (seconds on a small CPU), so preload it too.
+            _CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "autotune.trial._context", "autotune.trial._execute"])
+        else:
+            _CONTEXT = multiprocessing.get_context("spawn")
+    return _CONTEXT
+
+
+def start_trial_server() -> None:
+    """Start the process that forks trials now (it imports torch: seconds), not inside the first trial.
+
+    Otherwise the first trial of a run that has no reference run to do (a resume, a joining worker)
+    pays the start-up in its own wall time, which is then counted as that trial's overhead.
+    """
+    context = _mp_context()
+    if context.get_start_method() == "forkserver":
+        # The server imports its preload after it is launched; the first fork waits for that import.
+        ready = context.Process(target=_nothing)
+        ready.start()
+        ready.join()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - STDERR_TAIL_CHARS))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float) -> TrialOutcome:
+    """Run one trial in a fresh process under a wall-clock limit.
+
+    Args:
+        spec: What to run.
+        workdir: Where the trial's log (stdout and stderr) and result file go.
+        timeout: Seconds before the trial's whole process group is killed.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    result_path = workdir / "result.json"
+    log_path = workdir / "trial.log"
+    for stale in (result_path, log_path):
+        stale.unlink(missing_ok=True)
+    start = time.perf_counter()
+    proc = _mp_context().Process(
+        target=_child,
+        args=(spec, str(result_path), str(log_path), os.getpid(), dict(os.environ)),
+        daemon=False,
+    )
+    proc.start()
+    assert proc.pid is not None
+    proc.join(timeout)
+    timed_out = proc.is_alive()
+    _kill_group(proc.pid)  # on timeout, and to reap anything a finished trial left behind
+    proc.join()
+    wall = time.perf_counter() - start
+    tail = _tail(log_path)
+    if timed_out:
+        return TrialOutcome("timeout", error=f"no result within {timeout:.0f}s", stderr_tail=tail, wall_seconds=wall)
+    if result_path.exists():
+        data = json.loads(result_path.read_text())
+        outcome = TrialOutcome.from_dict({**data, "stderr_tail": tail if data["status"] != "ok" else ""})
+        return dataclasses.replace(outcome, wall_seconds=wall)
+    code = proc.exitcode or 0
+    if code < 0:
+        name = signal.Signals(-code).name
+        return TrialOutcome("crash", error=f"killed by {name}", signal=name, stderr_tail=tail, wall_seconds=wall)
+    return TrialOutcome("crash", error=f"exited with code {code} and no result", stderr_tail=tail, wall_seconds=wall)

@@ -1,0 +1,311 @@
+"""The trial loop: ask for a config, rule it out or run it, judge it, tell the study; until the budget is spent."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+import warnings
+from typing import Any, Optional
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune._config import Measurement, TrialConfig, TrialOutcome
+from autotune._records import _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune.search._rules import infeasible_reason
+from autotune.search._space import SearchSpace
+from autotune.study._progress import _Progress
+from autotune.study._references import References
+from autotune.study._runner import TrialRunner
+from autotune.study._workers import _Heartbeat, _worker_alive, _worker_id
+
+
+class TrialLoop:
+    """Runs one worker's share of a study's trials.
+
+    Args:
+        study: The study, its sampler set.
+        space: The space restricted to this machine.
+        storage: The study's storage (heartbeats and stale-trial recovery write to it directly).
+        runner: Runs configs in trial processes.
+        references: The accuracy check.
+        n_trials: The study's trial budget, across every worker.
+        timeout: Stop starting trials this many seconds after ``started``.
+        started: ``time.monotonic()`` when the run began.
+        prune_below: See ``SearchOptions.prune_below``.
+        seed: The trials' seed.
+        identity: Hostname and device attributes recorded on each trial.
+    """
+
+    def __init__(self, *, study: optuna.Study, space: SearchSpace, storage: Any, runner: TrialRunner,
+                 references: References, n_trials: int, timeout: Optional[float], started: float,
+                 prune_below: Optional[float], seed: int, identity: dict[str, str]) -> None:
+        self.study = study
+        self.space = space
+        self.storage = storage
+        self.runner = runner
+        self.references = references
+        self.n_trials = n_trials
+        self.timeout = timeout
+        self.started = started
+        self.prune_below = prune_below
+        self.seed = seed
+        self.identity = identity
+        self.sampler_done = False
+
+    def run(self, ui: _Progress) -> None:
+        """Run trials until the budget, the timeout or the space is exhausted."""
+        study, ruled_out = self.study, 0
+        ui.set_best(_best_record(study))
+        ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
+        while not self.sampler_done:
+            self._recover_stale()
+            if self.finished_count() >= self.n_trials:
+                break
+            if self.timeout is not None and time.monotonic() - self.started > self.timeout:
+                break
+            if self._live_count() >= self.n_trials:
+                ui.status("waiting for the trials other workers are running")
+                time.sleep(2.0)
+                continue
+            if len(_distinct_configs(study)) >= self.space.size:
+                ui.status("every config of the space has been measured")
+                break
+            if self._run_one(ui) == "infeasible":
+                ruled_out += 1
+                if ruled_out >= 200:  # the sampler keeps proposing what cannot fit: nothing left
+                    break
+            else:
+                ruled_out = 0
+
+    def _run_one(self, ui: _Progress) -> str:
+        """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule
+        answered it without a run)."""
+        study = self.study
+        with warnings.catch_warnings():
+            # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
+            warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+            trial = study.ask()
+        trial.set_user_attr("worker", _worker_id())
+        for key, value in self.identity.items():
+            trial.set_user_attr(key, value)
+        config = self.space.sample(trial)
+        surplus = self._surplus_reason(trial)
+        if surplus:
+            # Another worker took the last place in the budget, or is running this very config.
+            trial.set_user_attr("failure", surplus)
+            study.tell(trial, state=TrialState.FAIL)
+            time.sleep(0.5)
+            return "surplus"
+        reason = infeasible_reason(config.to_dict(), self._oom_configs())
+        if reason:
+            self._prune_infeasible(trial, config, reason)
+            return "infeasible"
+        ui.start_trial(trial.number, config)
+        duplicate = self._duplicate_of(trial)
+        try:
+            if duplicate is not None:
+                # The sampler proposed a measured config again: reuse it rather than spend a run.
+                trial.set_user_attr("duplicate_of", duplicate.number)
+                self._copy(trial, duplicate)
+            else:
+                with _Heartbeat(self.storage, trial._trial_id):
+                    outcome = self.runner.run(config, f"trial-{trial.number}", seed=self.seed,
+                                              prune_below=self._prune_threshold())
+                    if outcome.ok:
+                        # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
+                        reference_seconds = self.references.at_batch(study, config.batch_size, ui)
+                        if reference_seconds:
+                            trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
+                self._tell(trial, config, outcome)
+        except BaseException:
+            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
+                study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
+            raise
+        ui.end_trial(study.trials[trial.number])
+        ui.set_completed(self.finished_count())
+        ui.set_best(_best_record(study))
+        return study.trials[trial.number].user_attrs.get("status", "ok")
+
+    def _prune_threshold(self) -> Optional[float]:
+        if not self.prune_below:
+            return None
+        device = self.identity.get("device", "")
+        rates = [r.throughput for r in _feasible(self.study) if r.device in (device, "")]
+        return self.prune_below * max(rates) if rates else None
+
+    def _finish(self, trial: optuna.Trial, values: Any) -> None:
+        try:
+            self.study.tell(trial, values)
+        except RuntimeError as exc:
+            # Exhaustive samplers (grid, brute force) call study.stop() once every config is told; outside
+            # study.optimize that raises after the trial is stored. It means: nothing left to try.
+            if "Study.stop" not in str(exc):
+                raise
+            self.sampler_done = True
+
+    def _surplus_reason(self, trial: optuna.Trial) -> str:
+        live = _budget_trials(self.study, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING))
+        ahead = [t for t in live if t.number < trial.number]
+        if len(ahead) >= self.n_trials:
+            return "surplus: the trial budget was reached by other workers"
+        for other in ahead:
+            if other.state == TrialState.RUNNING and other.params == trial.params:
+                return f"surplus: trial {other.number} is running the same config"
+        return ""
+
+    def _recover_stale(self) -> None:
+        """Fail RUNNING trials whose worker is gone, and run each such config once more.
+
+        A worker on this host is gone when its process no longer exists (a SIGKILLed tuner); workers on
+        other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages).
+        """
+        study = self.study
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)  # heartbeat storages; their callback re-enqueues
+        host = socket.gethostname()
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            worker = trial.user_attrs.get("worker", "")
+            if not worker.startswith(f"{host}:") or _worker_alive(worker):
+                continue
+            try:
+                self.storage.set_trial_user_attr(trial._trial_id, "failure", f"stale: worker {worker} is gone")
+                self.storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # another process got there first
+            if "retry_of" not in trial.user_attrs and trial.params:
+                study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+    def _copy(self, trial: optuna.Trial, old: FrozenTrial) -> None:
+        for key, value in old.user_attrs.items():
+            if key not in ("duplicate_of", "retry_of", "worker", "role"):
+                trial.set_user_attr(key, value)
+        if old.state == TrialState.PRUNED:
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return
+        for key, value in old.constraints.items():
+            trial.set_constraint(key, value)
+        self._finish(trial, old.values)
+
+    def _tell(self, trial: optuna.Trial, config: TrialConfig, outcome: TrialOutcome) -> None:
+        study = self.study
+        threshold = self.references.threshold(study, config.batch_size)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("status", outcome.status)
+        trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
+        trial.set_user_attr("run_seconds", round(outcome.run_seconds, 3))
+        if outcome.status == "pruned" and outcome.measurement is not None:
+            for key, value in measurement_attrs(outcome.measurement).items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("pruned_reason", outcome.error)
+            self._record_diagnosis(trial, "PRUNED")
+            study.tell(trial, state=TrialState.PRUNED)
+            return
+        if outcome.ok and outcome.measurement is not None:
+            m = outcome.measurement
+            loss = self.references.accuracy_loss(study, m.metric, config.batch_size)
+            for key, value in measurement_attrs(m).items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr("throughput_spread", m.spread)
+            trial.set_user_attr("accuracy_loss", loss)
+            trial.set_constraint("failure", 0.0)
+            trial.set_constraint("accuracy", loss - threshold)
+            self._record_diagnosis(trial, "COMPLETE")
+            self._finish(trial, [m.throughput, loss])
+            return
+        trial.set_user_attr("failure", outcome.status)
+        trial.set_user_attr("error", outcome.error)
+        trial.set_user_attr("stderr_tail", outcome.stderr_tail[-1500:])
+        if outcome.signal:
+            trial.set_user_attr("signal", outcome.signal)
+        for key in ("throughput", "data_wait_fraction", "peak_memory_gib"):
+            trial.set_user_attr(key, 0.0)
+        trial.set_user_attr("accuracy_loss", math.inf)
+        # Infeasible, not FAIL: the sampler learns from infeasible trials and ignores failed ones.
+        trial.set_constraint("failure", 1.0)
+        trial.set_constraint("accuracy", 0.0)
+        self._record_diagnosis(trial, "COMPLETE")
+        self._finish(trial, [0.0, math.inf])
+        if outcome.status == "oom":
+            self._record_implied_oom(config, trial.number)
+
+    def _record_diagnosis(self, trial: optuna.Trial, state: str) -> None:
+        """Store what held this trial back on the trial itself, judged against the study so far (a
+        finished trial takes no new attributes; the study-level ``diagnoses`` are revised at the end)."""
+        current = {**trial.user_attrs, "number": trial.number, "state": state}
+        for key, value in diagnosis_attrs(self.study, current).items():
+            trial.set_user_attr(key, value)
+
+    def _oom_configs(self) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (t.number, t.user_attrs["config"])
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") == "oom" and "config" in t.user_attrs
+        ]
+
+    def _prune_infeasible(self, trial: optuna.Trial, config: TrialConfig, reason: str) -> None:
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("pruned_reason", reason)
+        self.study.tell(trial, state=TrialState.PRUNED)
+
+    def _record_implied_oom(self, failed: TrialConfig, number: int) -> None:
+        """Record the configs an out-of-memory rules out as PRUNED trials with the reason, so the
+        dashboard shows them and no sampler runs them: larger batches, and wider precisions, with the
+        failed trial's other settings. They cost no run and do not count toward the trial budget."""
+        space, study = self.space, self.study
+        batches = [b for b in (space.knobs["batch_size"].values if "batch_size" in space.knobs else ()) if b > failed.batch_size]
+        precisions = space.knobs["precision"].values if "precision" in space.knobs else (failed.precision,)
+        taken = {json.dumps(t.params, sort_keys=True) for t in study.get_trials(deepcopy=False)}
+        distributions = space.distributions()
+        ooms = [(number, failed.to_dict())]
+        for batch in [failed.batch_size, *batches]:
+            for precision in precisions:
+                candidate = failed.replace(batch_size=batch, precision=precision)
+                if candidate == failed:
+                    continue
+                reason = infeasible_reason(candidate.to_dict(), ooms)
+                asked = space.asked_params(candidate.to_dict())  # only searchable knobs are asked
+                if reason is None or json.dumps(asked, sort_keys=True) in taken:
+                    continue
+                study.add_trial(optuna.trial.create_trial(
+                    state=TrialState.PRUNED,
+                    params=asked,
+                    distributions={k: distributions[k] for k in asked},
+                    user_attrs={"config": candidate.to_dict(), "status": "infeasible", "pruned_reason": reason},
+                ))
+
+    def finished_count(self) -> int:
+        # FAIL is left out: it only marks trials whose worker died, and each is retried once.
+        return len(_budget_trials(self.study, (TrialState.COMPLETE, TrialState.PRUNED)))
+
+    def _live_count(self) -> int:
+        return len(_budget_trials(self.study, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)))
+
+    def _duplicate_of(self, trial: optuna.Trial) -> Optional[FrozenTrial]:
+        for old in _budget_trials(self.study, (TrialState.COMPLETE, TrialState.PRUNED)):
+            if old.number != trial.number and old.params == trial.params and "config" in old.user_attrs:
+                return old
+        return None
+
+
+def measurement_attrs(m: Measurement) -> dict[str, Any]:
+    """A measurement as trial user attributes: its fields, and each extra as ``extra:<name>``."""
+    attrs = {k: v for k, v in m.to_dict().items() if k != "extras"}
+    attrs.update({f"extra:{k}": v for k, v in m.extras.items()})
+    return attrs
+
+
+def diagnosis_attrs(study: optuna.Study, current: dict[str, Any]) -> dict[str, str]:
+    """``diagnosis`` and ``diagnosis_evidence`` for a trial about to be told, judged against the study."""
+    from autotune.insight import _diagnose
+
+    try:
+        diagnosis = _diagnose.diagnose(current, [*_diagnose.measurements(study), current])
+    except Exception as exc:  # a diagnosis must never cost a trial its result
+        warnings.warn(f"no diagnosis for trial {current.get('number')}: {exc}", stacklevel=2)
+        return {}
+    return {"diagnosis": diagnosis.label, "diagnosis_evidence": diagnosis.evidence} if diagnosis else {}

@@ -1,0 +1,183 @@
+"""The tuner's options, grouped by what they govern. Each record validates itself.
+
+``Tuner(train_fn, n_trials=30, top_k=0)`` takes the fields of every record as flat keywords; a
+``TunerOptions`` built once can be passed instead (``Tuner(train_fn, options=...)``) and flat
+keywords then override its fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import optuna
+
+from autotune._records import DEFAULT_STUDIES_DIR
+
+DEFAULT_MAX_ACCURACY_LOSS = 0.01
+ACCURACY_REFERENCES = ("baseline", "batch")
+MODES = ("tune", "create", "join")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyOptions:
+    """Which study, where it is stored, and how this process takes part in it.
+
+    Args:
+        study_name: Defaults to the function's name.
+        storage: Any Optuna storage URL, or ``journal:PATH``; ``None`` is ``studies/autotune.db``.
+        studies_dir: Where ``best_config.json`` and trial logs go.
+        seed: Seed of the data order, the model initialisation and the sampler.
+        mode: ``"tune"`` creates or resumes the study and runs trials; ``"create"`` only creates it
+            (with the reference run) for workers to join; ``"join"`` joins an existing study as one
+            more worker, taking the space and trial budget from the study.
+        grace_period: On RDB storages, seconds without a heartbeat after which another worker's
+            running trial is failed and its config retried once.
+        progress: Show a progress bar.
+    """
+
+    study_name: Optional[str] = None
+    storage: Optional[str] = None
+    studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR
+    seed: int = 0
+    mode: str = "tune"
+    grace_period: int = 60
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError("mode must be 'tune', 'create' or 'join'")
+        object.__setattr__(self, "studies_dir", Path(self.studies_dir))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """What is searched, for how long, and how the next config is chosen.
+
+    Args:
+        space: A ``SearchSpace``, a YAML path, or a built-in name; ``None`` picks one of
+            ``default_spaces`` (CPU, GPU) by the machine.
+        n_trials: Trials in the study, counted across every worker and every resume.
+        timeout: Stop starting trials after this many seconds.
+        sampler: An Optuna sampler; defaults to ``GuidedSampler`` over the space (prior point, then a
+            coordinate walk from the best config, with the out-of-memory rule).
+        prune_below: Stop a trial after its first timed window when its throughput is below this fraction
+            of the best so far on the same device (recorded as PRUNED with its partial measurement);
+            ``None`` or 0 turns it off. Window-to-window spread is a few percent, so 0.5 only stops
+            configs that could not come near the best.
+        default_spaces: The built-in spaces for a CPU and for a GPU machine when ``space`` is ``None``.
+        capabilities: What the machine can run; ``None`` probes it.
+    """
+
+    space: Any = None
+    n_trials: int = 20
+    timeout: Optional[float] = None
+    sampler: Optional[optuna.samplers.BaseSampler] = None
+    prune_below: Optional[float] = 0.5
+    default_spaces: tuple[str, str] = ("cpu_default", "gpu_default")
+    capabilities: Any = None
+
+    def __post_init__(self) -> None:
+        if self.n_trials < 1:
+            raise ValueError("n_trials must be at least 1")
+        if self.prune_below is not None and not 0 <= self.prune_below < 1:
+            raise ValueError("prune_below must be a fraction in [0, 1)")
+        object.__setattr__(self, "prune_below", self.prune_below or None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AccuracyOptions:
+    """How a trial's accuracy is judged against fp32 reference runs.
+
+    Args:
+        max_accuracy_loss: A trial is infeasible when its accuracy loss exceeds this plus the
+            reference noise band (metric units; 0.01 is one accuracy point).
+        metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
+        accuracy_reference: ``"baseline"`` judges every trial against the fp32 baseline; ``"batch"``
+            against an fp32 run of the baseline at the trial's own batch size (run once per batch size
+            and seed, when first needed), so the check isolates what precision, compile and graphs do from
+            what fewer optimizer steps do in a short trial.
+        reference_repeats: fp32 reference runs with different seeds, for the baseline and for each batch
+            size in ``"batch"`` mode; two or more give each reference its noise band.
+    """
+
+    max_accuracy_loss: float = DEFAULT_MAX_ACCURACY_LOSS
+    metric_direction: str = "maximize"
+    accuracy_reference: str = "baseline"
+    reference_repeats: int = 2
+
+    def __post_init__(self) -> None:
+        if self.metric_direction not in ("maximize", "minimize"):
+            raise ValueError("metric_direction must be 'maximize' or 'minimize'")
+        if self.accuracy_reference not in ACCURACY_REFERENCES:
+            raise ValueError(f"accuracy_reference must be one of {', '.join(ACCURACY_REFERENCES)}")
+        if self.reference_repeats < 1:
+            raise ValueError("reference_repeats must be at least 1")
+        if self.max_accuracy_loss < 0:
+            raise ValueError("max_accuracy_loss must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialOptions:
+    """Limits of one trial process.
+
+    Args:
+        trial_timeout: Wall-clock seconds before a trial's process group is killed.
+        memory_limit_gib: On CPU, address space a trial may add beyond its start (a device-memory
+            stand-in that turns a too-large batch into an out-of-memory failure, not a host OOM kill).
+    """
+
+    trial_timeout: float = 600.0
+    memory_limit_gib: Optional[float] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmOptions:
+    """How the best config is confirmed before it is declared.
+
+    Args:
+        top_k: Re-measure the top K feasible configs in alternation (A B C A B C ...) for
+            ``confirm_rounds`` rounds and pick by the median; 0 or 1 turns it off.
+        confirm_rounds: Rounds of the top-K re-measurement.
+        confirm_samples: If set, train the best config and the reference this long and report both.
+    """
+
+    top_k: int = 3
+    confirm_rounds: int = 2
+    confirm_samples: Optional[int] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TunerOptions:
+    """Every option of a ``Tuner``, one record per concern."""
+
+    study: StudyOptions = field(default_factory=StudyOptions)
+    search: SearchOptions = field(default_factory=SearchOptions)
+    accuracy: AccuracyOptions = field(default_factory=AccuracyOptions)
+    trial: TrialOptions = field(default_factory=TrialOptions)
+    confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
+
+    def with_keywords(self, **keywords: Any) -> "TunerOptions":
+        """A copy with flat keywords (any record's field names) set on their records.
+
+        Raises:
+            TypeError: a keyword that no record has.
+        """
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in keywords.items():
+            group = _FIELD_GROUPS.get(name)
+            if group is None:
+                raise TypeError(f"unknown tuner option {name!r}")
+            changes.setdefault(group, {})[name] = value
+        return dataclasses.replace(
+            self, **{group: dataclasses.replace(getattr(self, group), **fields) for group, fields in changes.items()}
+        )
+
+
+_FIELD_GROUPS: dict[str, str] = {
+    f.name: group.name
+    for group in dataclasses.fields(TunerOptions)
+    for f in dataclasses.fields(group.default_factory())  # type: ignore[misc]
+}

@@ -1,0 +1,50 @@
+"""What a study writes out: ``best_config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune._config import Result, dumps
+from autotune._records import study_dir
+
+def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
+    best = result.best
+    trial = study.trials[best.number] if best else None
+    measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
+    return {
+        "study": study.study_name,
+        "target": study.user_attrs.get("target"),
+        "config": best.config.to_dict() if best else None,
+        "trial": best.number if best else None,
+        "throughput": best.throughput if best else None,
+        "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
+        "accuracy_loss": best.accuracy_loss if best else None,
+        "baseline": {"config": result.baseline.to_dict(), "throughput": result.baseline_throughput},
+        "reference_metric": result.reference_metric,
+        "metric_noise": result.metric_noise,
+        "measurement": measurement,
+        "removed_knobs": result.removed_knobs,
+        "fingerprint": study.user_attrs.get("hardware", {}),
+        "confirmation": study.user_attrs.get("confirmation"),
+        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:
+    """Write ``studies/<study>/best_config.json`` atomically."""
+    path = study_dir(study.study_name, studies_dir) / "best_config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(dumps(best_config_document(study, result)) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _with_path(result: Result, path: Path) -> Result:
+    return dataclasses.replace(result, best_config_path=str(path))

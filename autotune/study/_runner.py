@@ -1,0 +1,50 @@
+"""Running one config as an isolated trial of this study: its spec, its log folder, its time limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from autotune._config import Budget, TrialConfig, TrialOutcome
+from autotune.study._isolation import run_isolated
+from autotune.trial._execute import TrialSpec
+
+
+class TrialRunner:
+    """Runs configs of one study's target, each in a fresh process under the trial limits.
+
+    Args:
+        target: The ``module:function`` or ``path.py:function`` to run.
+        logdir: The study's log folder; each run gets a subfolder.
+        baseline: The space's baseline config (its batch size is what ``ctx.lr_scale`` divides by).
+        budget: The space's per-trial budget.
+        timeout: Wall-clock seconds before a trial's process group is killed.
+        memory_limit_gib: On CPU, address space a trial may add (see ``TrialOptions``).
+    """
+
+    def __init__(self, *, target: str, logdir: Path, baseline: TrialConfig, budget: Budget, timeout: float,
+                 memory_limit_gib: Optional[float] = None) -> None:
+        self.target = target
+        self.logdir = logdir
+        self.baseline = baseline
+        self.budget = budget
+        self.timeout = timeout
+        self.memory_limit_gib = memory_limit_gib
+
+    def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
+             prune_below: Optional[float] = None) -> TrialSpec:
+        return TrialSpec(
+            target=self.target,
+            config=config,
+            budget=budget or self.budget,
+            seed=seed,
+            baseline_batch_size=self.baseline.batch_size,
+            memory_limit_gib=self.memory_limit_gib,
+            prune_below=prune_below,
+        )
+
+    def run(self, config: TrialConfig, workdir: str, *, seed: int, budget: Optional[Budget] = None,
+            prune_below: Optional[float] = None, timeout: Optional[float] = None) -> TrialOutcome:
+        """Run ``config`` with its log in ``logdir/workdir``."""
+        return run_isolated(self.spec(config, seed=seed, budget=budget, prune_below=prune_below),
+                            workdir=self.logdir / workdir, timeout=timeout or self.timeout)

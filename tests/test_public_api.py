@@ -1,0 +1,79 @@
+"""The promises to users, pinned: the names ``autotune`` exports, the CLI's commands and options, and the
+keys of ``best_config.json``. A change here is a change users see."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import optuna
+import pytest
+
+import autotune
+from autotune.cli import build_parser
+from autotune._records import summarize_study
+from autotune.study._results import best_config_document
+
+PUBLIC_NAMES = [
+    "AutotuneError", "Budget", "Diagnosis", "GuidedSampler", "KnobError", "Measurement", "NonFiniteLoss",
+    "ReplayTable", "ReportError", "Result", "SearchSpace", "SpaceError", "StudyError", "TableError", "TrialConfig",
+    "TrialContext", "TrialOutcome", "TrialRecord", "Tuner", "WorkloadError", "annotate_study", "annotate_trials",
+    "applied", "diagnose", "load_best", "load_space", "load_study_result", "run", "simulate", "write_report",
+]
+
+COMMANDS = {
+    "tune": {"target", "--space", "--trials", "--timeout", "--study", "--storage", "--max-accuracy-loss",
+             "--metric-direction", "--accuracy-reference", "--trial-timeout", "--memory-limit", "--confirm-samples",
+             "--top-k", "--prune-below", "--seed", "--studies-dir", "--no-progress", "--grace-period", "--workers",
+             "--create-only"},
+    "worker": {"target", "--study", "--storage"},
+    "demo": set(),
+    "best": {"study"},
+    "report": {"study"},
+    "spaces": set(),
+    "simulate": {"table"},
+    "dashboard": set(),
+}
+
+BEST_CONFIG_KEYS = {
+    "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
+    "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
+}
+
+
+def test_public_names_are_exactly_these_and_resolve() -> None:
+    assert sorted(autotune.__all__) == sorted(PUBLIC_NAMES)
+    for name in PUBLIC_NAMES:
+        assert getattr(autotune, name) is not None
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_cli_commands_keep_their_options(command: str) -> None:
+    sub = _subcommands(build_parser())
+    assert set(sub) == set(COMMANDS)
+    names = {opt for a in sub[command]._actions for opt in (a.option_strings or [a.dest])}
+    missing = COMMANDS[command] - names
+    assert not missing, f"autotune {command} lost {sorted(missing)}"
+
+
+def test_best_config_document_keeps_its_keys() -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    baseline = autotune.TrialConfig()
+    for key, value in {"baseline_config": baseline.to_dict(), "baseline_throughput": 100.0,
+                       "reference_metric": 0.9, "metric_noise": 0.0, "target": "m:f"}.items():
+        study.set_user_attr(key, value)
+    study.add_trial(optuna.trial.create_trial(
+        params={}, distributions={}, values=[250.0, 0.0],
+        user_attrs={"config": baseline.replace(batch_size=128).to_dict(), "status": "ok"},
+        system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -0.01},
+    ))
+    result = summarize_study(study)
+    document = best_config_document(study, result)
+    assert set(document) == BEST_CONFIG_KEYS
+    assert document["config"]["batch_size"] == 128
+    assert math.isclose(document["speedup"], 2.5)
