@@ -3,7 +3,7 @@
 import optuna
 from optuna.distributions import CategoricalDistribution
 
-from benchmarks.resnet50 import _break_even_lines
+from benchmarks.runners.resnet50 import _break_even_lines
 
 
 def _study(compiles: list[tuple[str, float]]) -> optuna.Study:

@@ -19,14 +19,15 @@ from autotune import Budget, KnobError, SpaceError, TrialConfig, TrialContext, T
 from autotune.hardware import Capabilities
 from autotune.trial._images import Shard, list_images, shard_from_env
 from autotune.search._space import restrict_to
-from benchmarks import dali_pick, make_jpegs
+from benchmarks.runners import dali_pick
+from benchmarks.workloads import make_jpegs
 
 CPU = torch.device("cpu")
 CLASSES = 4
 IMAGES = 320  # 80 per class: 10 batches of 32 per epoch
 BATCH = 32
 SIZE = 40
-WORKLOAD = str(Path(make_jpegs.__file__).with_name("jpeg_workload.py"))
+WORKLOAD = str(Path(make_jpegs.__file__).with_name("jpeg.py"))
 
 
 @pytest.fixture(scope="session")
@@ -161,7 +162,7 @@ def test_too_few_images_or_none_is_one_error(jpegs, tmp_path) -> None:
 
 def test_the_loader_alone_is_all_data_wait(dali, jpegs, monkeypatch) -> None:
     # Decode, augmentation, copy and normalisation all happen inside next(): all of it counts as waiting.
-    from benchmarks import jpeg_workload
+    from benchmarks.workloads import jpeg as jpeg_workload
 
     monkeypatch.setenv("AUTOTUNE_JPEG_ROOT", str(jpegs))
     monkeypatch.setenv("AUTOTUNE_JPEG_SIZE", str(SIZE))

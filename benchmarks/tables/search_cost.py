@@ -1,6 +1,6 @@
 """Trials are not minutes: the guided search's order replayed with an estimated cost per trial.
 
-    python -m benchmarks.search_cost
+    python -m benchmarks.tables.search_cost
 
 For each committed table, replays the guided sampler as shipped (compile tried first) and with compile
 tried last (``off`` first), and estimates the minutes until 95% of the best; then the knob order as
@@ -54,7 +54,7 @@ def compare(title: str, fraction: float, variants: dict[str, dict]) -> None:
     print(f"{title}\n\n| table | " + " | ".join(f"{n}: trials to {fraction:.0%} (median / worst) | est. minutes"
                                              for n in names) + " |")
     print("|---|" + "---:|---:|" * len(names))
-    for path in sorted(Path(__file__).with_name("tables").glob("*.jsonl")):
+    for path in sorted(Path(__file__).parent.glob("*.jsonl")):
         table = ReplayTable.load(path)
         cells = []
         for options in variants.values():

@@ -1,13 +1,13 @@
 """torch DataLoader workers against DALI threads on a JPEG folder: loader alone, training, and the ceiling.
 
-    python -m benchmarks.make_jpegs /data/jpegs --images 12800 --classes 100
-    python -m benchmarks.dali_h200 --root /data/jpegs --out benchmarks/results/dali-h200.md
+    python -m benchmarks.workloads.make_jpegs /data/jpegs --images 12800 --classes 100
+    python -m benchmarks.runners.dali_h200 --root /data/jpegs --out benchmarks/results/dali-h200.md
 
 For each torch worker count (``--workers``, default 4, 8, 14) and each DALI thread count (``--threads``,
 default 2, 4, 8), at one compute config (``--precision bf16 --batch-size 256``, channels_last, eager),
 each measured in its own isolated trial process:
 
-- *loader alone*: ``benchmarks/jpeg_workload.py:loader_only``, the loader iterated without a model
+- *loader alone*: ``benchmarks/workloads/jpeg.py:loader_only``, the loader iterated without a model
   (decode, augmentation, the copy to the device), images/s;
 - *training*: ``jpeg_workload.py:train``, ResNet-50 fed by that loader, images/s and its data-wait
   fraction;
@@ -34,7 +34,7 @@ from autotune.trial._images import list_images
 from autotune.trial._execute import TrialSpec
 from autotune.study._isolation import run_isolated
 
-WORKLOAD = str(Path(__file__).with_name("jpeg_workload.py"))
+WORKLOAD = str(Path(__file__).resolve().parents[1] / "workloads" / "jpeg.py")
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _rate(outcome: Optional[TrialOutcome]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", required=True, help="JPEG folder (benchmarks/make_jpegs.py)")
+    parser.add_argument("--root", required=True, help="JPEG folder (benchmarks/workloads/make_jpegs.py)")
     parser.add_argument("--out", default="dali-h200.md")
     parser.add_argument("--logs", default="studies/dali_h200", help="each trial's log and result")
     parser.add_argument("--workers", type=_ints, default=None, help="torch DataLoader workers, e.g. 4,8,14")
@@ -131,7 +131,7 @@ def report(rows: list[Row], synthetic: TrialOutcome, *, caps, base: TrialConfig,
         "",
         f"Date: {datetime.date.today()}; device: {device}{f' with {caps.cpu_count} CPU cores' if caps.cuda else ''}; "
         f"torch {caps.torch}; "
-        f"DALI {dali}. Data: {images} JPEGs in `{Path(root).name}` (benchmarks/make_jpegs.py). Model: "
+        f"DALI {dali}. Data: {images} JPEGs in `{Path(root).name}` (benchmarks/workloads/make_jpegs.py). Model: "
         f"{'tiny CNN, 32-pixel crops' if tiny else 'ResNet-50, 224-pixel crops'}; compute config "
         f"{base.precision}, batch {base.batch_size}, {'channels_last' if base.channels_last else 'NCHW'}, eager. "
         f"Each cell is one isolated trial: {budget.samples} images, {budget.warmup_steps} warm-up steps, "

@@ -1,6 +1,6 @@
 """Trials per hour with one worker per GPU against a single worker, on one study in a journal file.
 
-    python -m benchmarks.scaleout --trials 16 --out benchmarks/results/scaleout.md
+    python -m benchmarks.runners.scaleout --trials 16 --out benchmarks/results/scaleout.md
 
 Runs ``autotune tune ... --gpus 0`` and then ``--gpus all`` on the same workload, space and trial budget,
 each in its own journal file. Trials per hour are counted over the trial phase: from the first trial's
@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from autotune.study._storage import open_storage
 
-WORKLOAD = "benchmarks/resnet50_workload.py:train_device"
+WORKLOAD = "benchmarks/workloads/resnet50.py:train_device"
 SPACE = "benchmarks/spaces/scaleout.yaml"
 
 
@@ -85,7 +85,7 @@ def main() -> None:
         "",
         f"- Date: {datetime.date.today()}; {hw.get('gpu_count')}x {hw.get('gpu_name')} (driver {hw.get('driver')}); "
         f"torch {hw.get('torch')}; {hw.get('cpu_count')} CPU cores",
-        f"- Command: `python -m benchmarks.scaleout --trials {args.trials} --gpus {args.gpus}`, which runs "
+        f"- Command: `python -m benchmarks.runners.scaleout --trials {args.trials} --gpus {args.gpus}`, which runs "
         f"`autotune tune {args.workload} --space {args.space} --gpus G --storage journal:... --trials {args.trials} "
         "--top-k 0 --prune-below 0` for G = 0 and then G = " + args.gpus,
         "- Trials per hour are counted from the first trial's start to the last trial's end; the fp32 reference "

@@ -1,6 +1,6 @@
 """The tuner's pick on a JPEG folder against synthetic data at the same compute config.
 
-    AUTOTUNE_JPEG_ROOT=studies/jpegs python -m benchmarks.dali_pick --study dali-tune \
+    AUTOTUNE_JPEG_ROOT=studies/jpegs python -m benchmarks.runners.dali_pick --study dali-tune \
         --storage sqlite:///studies/dali.db
 
 Loads the study's best config, runs ``jpeg_workload.py:train_synthetic`` at that config (batches already
@@ -18,7 +18,7 @@ from autotune import Budget, TrialConfig
 from autotune._api import load_study_result
 from autotune.trial._execute import TrialSpec
 from autotune.study._isolation import run_isolated
-from benchmarks.dali_h200 import WORKLOAD
+from benchmarks.runners.dali_h200 import WORKLOAD
 
 
 @dataclass(frozen=True)

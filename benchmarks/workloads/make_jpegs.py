@@ -1,6 +1,6 @@
 """Write a folder of real JPEGs in class subfolders, ImageNet-sized by default (about 500x375).
 
-    python -m benchmarks.make_jpegs OUT_DIR --images 12800 --classes 100
+    python -m benchmarks.workloads.make_jpegs OUT_DIR --images 12800 --classes 100
 
 Each image is its class's colour under a smooth random pattern and pixel noise, so the classes can be
 learned and the files compress like photographs (about 80 KB at 500x375; ImageNet's average is 110). The

@@ -1,6 +1,6 @@
 """A real tuner study on a recorded table: the replay workload stands in for training.
 
-    python -m benchmarks.replay_study benchmarks/tables/synthetic_oom_heavy.jsonl --trials 15
+    python -m benchmarks.tables.replay_study benchmarks/tables/synthetic_oom_heavy.jsonl --trials 15
 
 Everything but the training is real: the Optuna study in SQLite, GuidedSampler, one process per trial,
 the out-of-memory rule, hopeless-trial pruning and the top-K re-measurement. The capability record claims

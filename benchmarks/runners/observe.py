@@ -1,7 +1,7 @@
 """A short ResNet-50 study with the NVML monitor on, then its report and the diagnosis of every trial.
 
-    python -m benchmarks.observe OUT_DIR            # one GPU: 8 eager trials, under 6 minutes on an H200
-    python -m benchmarks.observe OUT_DIR --tiny     # the demo's small CNN on the CPU: the script end to end
+    python -m benchmarks.runners.observe OUT_DIR            # one GPU: 8 eager trials, under 6 minutes on an H200
+    python -m benchmarks.runners.observe OUT_DIR --tiny     # the demo's small CNN on the CPU: the script end to end
 
 Not a test. The trials are enqueued, not sampled, so that the study has the cases the diagnosis tells
 apart: the loader workload with no worker (input-bound), bf16 channels_last batch 256 with 8 pinned
@@ -32,7 +32,7 @@ from autotune.insight._diagnose import diagnose_study, gpu_reading
 from autotune.insight._report import diagnosis_table_markdown, summary_lines, write_report
 
 HERE = Path(__file__).resolve().parent
-GPU_TARGET = f"{HERE / 'resnet50_workload.py'}:train_loader"
+GPU_TARGET = f"{HERE.parent / 'workloads' / 'resnet50.py'}:train_loader"
 TINY_TARGET = "autotune.demo:train"
 
 # Each entry changes the space's baseline (fp32 bs64, no worker, eager); the reference run is trial 0.
@@ -114,7 +114,7 @@ def document(study: optuna.Study, wall: float, args: argparse.Namespace) -> str:
         "",
         f"- Date {datetime.date.today()}; {device}" + (f", driver {hw['driver']}" if hw.get("driver") else "")
         + f"; torch {hw.get('torch', '?')}",
-        f"- Command: `python -m benchmarks.observe {args.out_dir}{' --tiny' if args.tiny else ''}`; study "
+        f"- Command: `python -m benchmarks.runners.observe {args.out_dir}{' --tiny' if args.tiny else ''}`; study "
         f"`{study.study_name}` (copy: `observe.db`); {len(study.trials)} trials in {wall / 60:.1f} min",
         f"- Budget per trial: {study.user_attrs['space']['budget']}; one fp32 reference run (no noise band); "
         f"accuracy bound {study.user_attrs.get('max_accuracy_loss')}",

@@ -1,4 +1,4 @@
-"""Each function is a real fault inside a trial process (see benchmarks/cpu_faults.py)."""
+"""Each function is a real fault inside a trial process (see benchmarks/runners/faults.py)."""
 
 import ctypes
 import os

@@ -2,7 +2,7 @@
 
 import torch
 
-from benchmarks import smoke_workload
+from benchmarks.workloads import smoke as smoke_workload
 
 
 def oom(ctx) -> None:

@@ -1,6 +1,6 @@
 """GPU smoke test: one isolated trial per knob, with evidence that the knob was in effect.
 
-    python -m benchmarks.gpu_smoke OUT_DIR
+    python -m benchmarks.runners.gpu_smoke OUT_DIR
 
 Writes OUT_DIR/smoke.md (a markdown table) and OUT_DIR/smoke.json. Not a timed test.
 """
@@ -15,7 +15,7 @@ from autotune.hardware import probe
 from autotune.trial._execute import TrialSpec
 from autotune.study._isolation import run_isolated
 
-WORKLOAD = str(Path(__file__).with_name("smoke_workload.py")) + ":train"
+WORKLOAD = str(Path(__file__).resolve().parents[1] / "workloads" / "smoke.py") + ":train"
 BASE = TrialConfig(batch_size=64)
 CASES = {
     "fp32 (TF32 off)": BASE,

@@ -1,6 +1,6 @@
 """Print a study's trials as a markdown table (used for benchmarks/results/*.md).
 
-    python -m benchmarks.study_table STORAGE_URL STUDY
+    python -m benchmarks.tables.study_table STORAGE_URL STUDY
 """
 
 import sys

@@ -1,11 +1,11 @@
 """Does scaling the learning rate with the batch let a large batch pass a short accuracy check? On a CPU.
 
-    python -m benchmarks.lr_scaling_cpu 64 0.02 --noise 3.0      # batch, learning rate: 1.000
-    python -m benchmarks.lr_scaling_cpu 512 0.16 --noise 3.0     # 0.234
-    python -m benchmarks.lr_scaling_cpu 512 0.02 --noise 3.0     # 0.785
-    python -m benchmarks.lr_scaling_cpu 512 0.02                 # 0.994 (noise 1.0, the workload's now)
+    python -m benchmarks.runners.lr_scaling_cpu 64 0.02 --noise 3.0      # batch, learning rate: 1.000
+    python -m benchmarks.runners.lr_scaling_cpu 512 0.16 --noise 3.0     # 0.234
+    python -m benchmarks.runners.lr_scaling_cpu 512 0.02 --noise 3.0     # 0.785
+    python -m benchmarks.runners.lr_scaling_cpu 512 0.02                 # 0.994 (noise 1.0, the workload's now)
 
-The ResNet-50 benchmark workload (`resnet50_workload.py:train_device`) in plain PyTorch at 64 px, so a
+The ResNet-50 benchmark workload (`benchmarks/workloads/resnet50.py:train_device`) in plain PyTorch at 64 px, so a
 2-core CPU runs it in about 10-15 minutes a line: the same synthetic task, SGD with momentum, fp32, the
 30,720 samples of a `gpu_default` trial, accuracy on 512 held-out images. Not a test.
 """

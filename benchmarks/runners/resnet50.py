@@ -1,6 +1,6 @@
 """Tune ResNet-50 on one GPU with autotune and report what the tuner found and what it cost.
 
-    python -m benchmarks.resnet50 --space gpu_default --trials 30 --timeout 1200 --trial-timeout 150 \
+    python -m benchmarks.runners.resnet50 --space gpu_default --trials 30 --timeout 1200 --trial-timeout 150 \
         --study r50 --out benchmarks/results/resnet50-h200.md
 
 Not a test. Prints and writes a markdown table: baseline and best throughput, speed-up, trials used,
@@ -26,7 +26,7 @@ from autotune._api import load_study_result
 from autotune.trial._execute import TrialSpec
 from autotune.study._isolation import run_isolated
 
-WORKLOADS = Path(__file__).with_name("resnet50_workload.py")
+WORKLOADS = Path(__file__).resolve().parents[1] / "workloads" / "resnet50.py"
 
 
 def main() -> None:
@@ -166,9 +166,9 @@ def report(study: optuna.Study, result: autotune.Result, wall: float, args: argp
         f"# ResNet-50 on {hw['gpu_name']}: what autotune found",
         "",
         f"- Date: {datetime.date.today()}; GPU {hw['gpu_name']} (driver {hw['driver']}); torch {hw['torch']}",
-        (f"- Command: `python -m benchmarks.resnet50 --study {study.study_name} --report-only --repeat {args.repeat}` "
+        (f"- Command: `python -m benchmarks.runners.resnet50 --study {study.study_name} --report-only --repeat {args.repeat}` "
          "(the tuning calls are listed under the tuner's wall time)" if args.report_only else
-         f"- Command: `python -m benchmarks.resnet50 --variant {args.variant} --space {args.space} --trials {args.trials}"
+         f"- Command: `python -m benchmarks.runners.resnet50 --variant {args.variant} --space {args.space} --trials {args.trials}"
          + (f" --timeout {args.timeout:.0f}" if args.timeout else "")
          + f" --confirm-rounds {args.confirm_rounds} --trial-timeout {args.trial_timeout:.0f}"
          + f" --accuracy-reference {study.user_attrs.get('accuracy_reference', 'baseline')}`"),

@@ -1,10 +1,10 @@
 """How close the tuner came to an exhaustive coarse grid measured by hand.
 
-    python -m benchmarks.grid_check --study r50 --storage sqlite:///studies/autotune.db \
+    python -m benchmarks.tables.grid_check --study r50 --storage sqlite:///studies/autotune.db \
         --grid gpu0=grid-gpu0.jsonl --grid gpu1=grid-gpu1.jsonl --tuner-gpu gpu0 --out grid.md
 
 The grid tables come from ``benchmarks.tables.sweep`` (one warm process per GPU, time-bounded windows);
-the study from ``benchmarks.resnet50``. Two comparisons, both printed:
+the study from ``benchmarks.runners.resnet50``. Two comparisons, both printed:
 
 - same method: the grid's own measurement of the tuner's best config against the grid's best, on the
   tuner's GPU (only when the tuner's best is a grid point);

@@ -1,9 +1,9 @@
 """Measure named configs of a workload, each in its own isolated trial, and print a markdown table.
 
-    python -m benchmarks.measure_configs OUT.md WORKLOAD SAMPLES NAME=k:v,k:v ...
+    python -m benchmarks.runners.measure_configs OUT.md WORKLOAD SAMPLES NAME=k:v,k:v ...
 
 e.g. ``bf16-cl-256=precision:bf16,channels_last:true,batch_size:256``. Used for hand-measured
-grids and key configs; the tuner's own search is ``benchmarks/resnet50.py``.
+grids and key configs; the tuner's own search is ``benchmarks/runners/resnet50.py``.
 """
 
 import datetime

@@ -2,7 +2,7 @@
 
 Set by environment variables, so that trial processes read them:
 
-- ``AUTOTUNE_JPEG_ROOT``: the image folder (``root/<class>/<image>.jpg``, see ``benchmarks/make_jpegs.py``).
+- ``AUTOTUNE_JPEG_ROOT``: the image folder (``root/<class>/<image>.jpg``, see ``benchmarks/workloads/make_jpegs.py``).
 - ``AUTOTUNE_JPEG_MODEL``: ``resnet50`` (torchvision, the default) or ``tiny`` (a small CNN, for CPU checks).
 - ``AUTOTUNE_JPEG_SIZE``: crop size, 224 by default.
 - ``AUTOTUNE_JPEG_EVAL``: held-out images for the accuracy metric, 512 by default.
@@ -26,7 +26,7 @@ from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, input_dtype, lis
 def _root() -> str:
     root = os.environ.get("AUTOTUNE_JPEG_ROOT")
     if not root:
-        raise RuntimeError("set AUTOTUNE_JPEG_ROOT to a folder of JPEGs in class subfolders (benchmarks/make_jpegs.py)")
+        raise RuntimeError("set AUTOTUNE_JPEG_ROOT to a folder of JPEGs in class subfolders (benchmarks/workloads/make_jpegs.py)")
     return root
 
 

@@ -1,6 +1,6 @@
 """Replay every committed table with each strategy and write benchmarks/results/search.md.
 
-    python -m benchmarks.search_results --trials 30 --seeds 5 --noise 0.02
+    python -m benchmarks.tables.search_results --trials 30 --seeds 5 --noise 0.02
 
 Checks the search-efficiency bar on each table: the guided strategy reaches 95% of the best within 15
 trials (median) and 25 (worst); where random search needs a median of more than 10 trials, random needs
@@ -19,7 +19,7 @@ import optuna
 
 from autotune.search._simulate import ReplayTable, simulate
 
-TABLES = Path(__file__).with_name("tables")
+TABLES = Path(__file__).parent
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
         "# Search efficiency on recorded tables",
         "",
         f"- Date: {datetime.date.today()}; optuna {optuna.__version__}",
-        f"- Command: `python -m benchmarks.search_results --trials {args.trials} --seeds {args.seeds} "
+        f"- Command: `python -m benchmarks.tables.search_results --trials {args.trials} --seeds {args.seeds} "
         f"--noise {args.noise}` (each table as `autotune simulate TABLE --trials {args.trials} --seeds {args.seeds} "
         f"--noise {args.noise} --strategies {args.strategies}`)",
         "- *to 95%*: trials until the best config as the strategy sees it (noisy) truly reaches 95% of the table's "
