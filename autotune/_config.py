@@ -27,6 +27,14 @@ DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
 
 Status = Literal["ok", "pruned", "oom", "timeout", "crash", "cuda_fatal", "nan", "error"]
 
+# "fixed": every trial trains at the study's global batch, the batch_size knob is the micro-batch and
+# gradients are accumulated over global / micro micro-batches, so every trial takes the same optimizer
+# steps on the same samples. "scale": the batch_size knob is the global batch (no accumulation), the user's
+# learning-rate rule follows it (ctx.lr_scale), and each trial is judged against fp32 at its own global batch.
+BATCH_POLICIES: tuple[str, ...] = ("fixed", "scale")
+# TrialConfig fields a study sets for every trial rather than searching.
+STUDY_FIELDS: tuple[str, ...] = ("batch_policy", "global_batch")
+
 
 @dataclass(frozen=True)
 class TrialConfig:
@@ -50,6 +58,26 @@ class TrialConfig:
     loader: str = "torch"
     dali_threads: int = 4  # DALI CPU worker threads (loader=dali)
     dali_prefetch: int = 2  # DALI prefetch queue depth in batches (loader=dali)
+    batch_policy: str = "fixed"
+    global_batch: Optional[int] = None  # samples per optimizer step; None: batch_size (no accumulation)
+
+    def __post_init__(self) -> None:
+        if self.batch_policy not in BATCH_POLICIES:
+            raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, not {self.batch_policy!r}")
+        if self.global_batch is not None and (self.global_batch < self.batch_size or self.global_batch % self.batch_size):
+            raise ValueError(
+                f"micro-batch {self.batch_size} does not divide the global batch {self.global_batch}"
+            )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.global_batch or self.batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches (of ``batch_size``) whose gradients are accumulated into one optimizer step."""
+        return self.global_batch_size // self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,8 +94,13 @@ class TrialConfig:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
-        """A short human summary, e.g. ``bf16 bs256 channels_last compile=default graphs``."""
+        """A short human summary, e.g. ``bf16 bs256 channels_last compile=default graphs``.
+
+        A micro-batch that accumulates reads ``bs64x8`` (global batch 512).
+        """
         parts = [self.precision, f"bs{self.batch_size}"]
+        if self.accumulation_steps > 1:
+            parts[-1] += f"x{self.accumulation_steps}"  # micro-batch x accumulation = the global batch
         if self.channels_last:
             parts.append("channels_last")
         if self.compile != "off":
@@ -131,6 +164,10 @@ class Measurement:
     scaler_skips: int = 0
     graph_replays: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    # Training loss per optimizer step (the mean of its micro-batches), averaged over bins of ``loss_every``
+    # steps when the trial took more steps than a trajectory keeps; non-finite values are kept as they are.
+    losses: tuple[float, ...] = ()
+    loss_every: int = 1
 
     @property
     def spread(self) -> float:
@@ -142,12 +179,14 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["window_throughputs"] = list(self.window_throughputs)
+        data["losses"] = list(self.losses)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Measurement":
         data = dict(data)
         data["window_throughputs"] = tuple(data.get("window_throughputs", ()))
+        data["losses"] = tuple(data.get("losses", ()))
         return cls(**data)
 
 

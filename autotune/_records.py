@@ -33,6 +33,10 @@ def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:
 BATCH_REFERENCE = "reference_metric:batch="
 BATCH_REFERENCE_NOISE = "reference_noise:batch="
 BATCH_REFERENCE_FAILED = "reference_failed:batch="
+# The fp32 references' loss statistics and metrics (a ReferenceBand as a dict): at the baseline's global
+# batch, and, under batch_policy scale, at each other global batch a trial used.
+REFERENCE_BAND = "reference_band"
+BATCH_REFERENCE_BAND = "reference_band:batch="
 
 
 def batch_references(attrs: dict[str, Any]) -> dict[int, float]:
@@ -45,7 +49,16 @@ def batch_reference_noise(attrs: dict[str, Any]) -> dict[int, float]:
     return _by_batch(attrs, BATCH_REFERENCE_NOISE)
 
 
-def _by_batch(attrs: dict[str, Any], prefix: str) -> dict[int, float]:
+def reference_bands(attrs: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Every global batch's fp32 reference band a study recorded (the baseline's included), by global batch."""
+    bands: dict[int, dict[str, Any]] = dict(_by_batch(attrs, BATCH_REFERENCE_BAND))
+    baseline = attrs.get("baseline_config") or {}
+    if REFERENCE_BAND in attrs and baseline:
+        bands[int(baseline.get("global_batch") or baseline.get("batch_size", 0))] = attrs[REFERENCE_BAND]
+    return bands
+
+
+def _by_batch(attrs: dict[str, Any], prefix: str) -> dict[int, Any]:
     return {int(k[len(prefix):]): v for k, v in attrs.items() if k.startswith(prefix)}
 
 

@@ -38,9 +38,13 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--max-accuracy-loss", type=float, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
+    p.add_argument("--batch-policy", choices=("fixed", "scale"),
+                   help="fixed: every trial keeps the baseline's global batch (the batch knob is the micro-batch, "
+                        "gradients accumulate); scale: the global batch follows the batch knob, judged against fp32 "
+                        "at each global batch (default: the space's, else fixed)")
     p.add_argument("--accuracy-reference", choices=("baseline", "batch"), default="baseline",
-                   help="judge accuracy against the fp32 baseline, or against fp32 at each trial's batch size "
-                        "(reference runs per batch size, one per seed; default baseline)")
+                   help="superseded by --batch-policy: 'batch' (fp32 references at each trial's batch size) "
+                        "selects --batch-policy scale")
     p.add_argument("--trial-timeout", type=_positive_float, default=600.0, help="seconds per trial (default 600)")
     p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
                    help="CPU only: address space a trial may add, so a too-large batch fails as oom")
@@ -121,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 _TUNER_OPTIONS = {
     "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
-    "prune_below": "prune_below", "accuracy_reference": "accuracy_reference",
+    "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
 }
 
 
@@ -307,7 +311,9 @@ def _spaces(args: argparse.Namespace) -> int:
             print(f"invalid  {exc}", file=sys.stderr)
             failed += 1
             continue
-        print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs)  {space.description}")
+        policy = f"fixed at global batch {space.global_batch}" if space.batch_policy == "fixed" else "scale"
+        print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs, batch policy {policy})  "
+                  f"{space.description}")
     return 1 if failed else 0
 
 

@@ -11,6 +11,7 @@ SPACE = """
 knobs:
   batch_size: [8, 16, 24, 32, 40, 48]
   num_workers: [0]
+batch_policy: scale  # the batch knob is the global batch here
 baseline: {batch_size: 16}
 budget: {samples: 512, warmup_steps: 1, windows: 3}
 """

@@ -38,6 +38,7 @@ COMMANDS = {
 BEST_CONFIG_KEYS = {
     "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
+    "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
 }
 
 

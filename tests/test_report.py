@@ -34,6 +34,7 @@ knobs:
   batch_size: [64, 128, 256]
   channels_last: [false, true]
   pin_memory: [false, true]
+batch_policy: scale
 budget: {samples: 1024, warmup_steps: 1, windows: 3}
 """
 PRUNED_REASON = "pruned: first window ran at 10.0 samples/s, below 900.0"
@@ -125,7 +126,7 @@ def test_report_command_writes_html_and_pngs(made) -> None:
     assert proc.returncode == 0, proc.stderr
     out = made["studies"] / "report-e2e"
     html = (out / "report.html").read_text()
-    assert f"report written to {out / 'report.html'} (4 PNGs" in proc.stdout
+    assert f"report written to {out / 'report.html'} ({len(PLOTS)} PNGs" in proc.stdout
     for text in ("throughput", "accuracy_loss", "batch_size", "channels_last", "Plotly", MEMORY_CAPACITY_BOUND,
                  PRUNED_REASON, "out of memory", "pin_memory=true", *[title for title, _ in PLOTS.values()]):
         assert text in html, text

@@ -47,6 +47,7 @@ knobs:
   batch_size: [64, 128, 256, 512]
   channels_last: [false, true]
 baseline: {precision: fp32, batch_size: 64}
+batch_policy: scale
 budget: {samples: 2048, warmup_steps: 0, windows: 3}
 """
 

@@ -40,7 +40,7 @@ INVALID = [
     ("low-above-high", "knobs:\n  num_workers: {low: 4, high: 1}\n", ["knobs.num_workers", "low 4 > high 1"]),
     (
         "too-few-samples-for-largest-batch",
-        "knobs:\n  batch_size: [64, 512]\nbudget: {samples: 2048, warmup_steps: 2, windows: 3}\n",
+        "knobs:\n  batch_size: [64, 512]\nbatch_policy: scale\nbudget: {samples: 2048, warmup_steps: 2, windows: 3}\n",
         ["budget.samples", "2048", "batch 512"],
     ),
     ("too-few-windows", "knobs:\n  batch_size: [32]\nbudget: {samples: 4096, windows: 2}\n", ["budget"]),
@@ -102,6 +102,7 @@ def test_ranges_expand_to_their_values(write_space) -> None:
         "  batch_size: {low: 32, high: 128, step: 32}\n"
         "  num_workers: {low: 0, high: 2}\n"
         "  memory_fraction: {low: 0.5, high: 1, step: 0.25}\n"
+        "batch_policy: scale\n"
         "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n"
     ))
     assert space.knobs["batch_size"].values == (32, 64, 96, 128)
@@ -138,6 +139,7 @@ def test_describe_changes_sees_no_change_after_a_json_round_trip(write_space) ->
 def test_restrict_to_a_machine_without_cuda_removes_cuda_knobs_with_reasons() -> None:
     space = load_space("gpu_default")
     cpu = Capabilities(cuda=False, bf16=True, compile=True)
+    before = dict(space.removed)  # the batch policy's own removals (micro-batches above the global batch)
     restricted = restrict_to(space, cpu)
 
     assert restricted.knobs["precision"].values == ("fp32", "bf16")
@@ -148,7 +150,7 @@ def test_restrict_to_a_machine_without_cuda_removes_cuda_knobs_with_reasons() ->
                 "pin_memory=true", "compile=max-autotune"):
         assert "no CUDA device" in restricted.removed[key], key
     assert restricted.size < space.size
-    assert space.removed == {}  # the original is untouched
+    assert space.removed == before  # the original is untouched
 
 
 def test_restrict_to_removes_memory_fractions_below_one_without_cuda(write_space) -> None:
@@ -189,6 +191,7 @@ knobs:
   cpu_threads: {low: 1, high: 4}
 baseline:
   channels_last: true
+batch_policy: scale
 budget: {samples: 2048, warmup_steps: 2, windows: 3}
 """
 
@@ -234,7 +237,7 @@ def test_an_enqueued_config_is_sampled_as_given(write_space) -> None:
     config = space.sample(study.ask())
     assert config == TrialConfig(precision="bf16", batch_size=96, channels_last=True, compile="default",
                                  cuda_graphs=True, num_workers=2, prefetch_factor=4, persistent_workers=True,
-                                 memory_fraction=0.75, cpu_threads=3)
+                                 memory_fraction=0.75, cpu_threads=3, batch_policy="scale")
 
 
 def test_size_counts_distinct_configs_not_knobs_that_cannot_matter(write_space) -> None:

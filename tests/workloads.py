@@ -192,6 +192,13 @@ def accuracy_noisy_at_64(ctx) -> None:
     ctx.report_metric(0.9 - ctx.config.batch_size / 1000 - (0.02 if ctx.config.channels_last else 0.0) - noise)
 
 
+def accuracy_by_batch_fp32_never_fits_64(ctx) -> None:
+    """accuracy_by_batch, but fp32 at a global batch of 64 runs out of memory at any micro-batch."""
+    if ctx.config.precision == "fp32" and ctx.config.global_batch_size >= 64:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate an fp32 global batch of 64")
+    accuracy_by_batch(ctx)
+
+
 def accuracy_by_batch_fp32_oom_at_64(ctx) -> None:
     """accuracy_by_batch, but fp32 at batch 64 runs out of memory where bf16 fits."""
     if ctx.config.precision == "fp32" and ctx.config.batch_size >= 64:

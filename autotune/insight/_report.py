@@ -25,6 +25,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import TrialConfig
+from autotune.insight._accuracy import accuracy_lines, matplotlib_loss_curves, plotly_loss_curves
 from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
 from autotune._records import batch_reference_noise, batch_references
@@ -42,6 +43,9 @@ PLOTS = {
                      "infeasible trials (a failure, or beyond the accuracy bound) in grey"),
     "importances": ("Knob importances for throughput", "PED-ANOVA (optuna.importance)"),
     "history": ("History", "throughput by trial number; out-of-memory, other failures and pruned trials marked"),
+    "loss_curves": ("Training loss against the fp32 reference band",
+                    "each trial's loss trajectory, coloured by its accuracy verdict, over the band of the fp32 seeds "
+                    "at its global batch"),
 }
 ARTIFACT_FILES = tuple(f"{name}.png" for name in PLOTS)
 
@@ -122,7 +126,7 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         noise = attrs.get("metric_noise", 0.0)
         text = (f"Accuracy check: reference metric {reference:.4f} ({attrs.get('metric_direction', 'maximize')}), "
                 f"noise band {noise:.4f}; a trial may lose up to {bound:g} beyond the noise band")
-        if attrs.get("accuracy_reference") == "batch":
+        if attrs.get("accuracy_reference") == "batch" or attrs.get("batch_policy") == "scale":
             per_batch = sorted(batch_references(attrs).items())
             noise_at = batch_reference_noise(attrs)
             text += "; each trial is judged against fp32 at its own batch size"
@@ -135,6 +139,7 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         if "accuracy_loss" in confirmation:
             text += f"; over {confirmation['samples']:,} samples it loses {confirmation['accuracy_loss']:+.4f}"
         lines.append(text + ".")
+    lines.extend(accuracy_lines(study, best.number if best is not None else None))
     removed = attrs.get("removed_knobs") or {}
     if removed:
         lines.append("Removed by the capability probe: " + "; ".join(f"`{k}` ({v})" for k, v in removed.items()) + ".")
@@ -214,6 +219,7 @@ def _plotly_figures(study: optuna.Study) -> tuple[dict[str, Any], dict[str, str]
                                                       targets=_pareto_targets),
         "importances": lambda: vis.plot_param_importances(study, target=_throughput, target_name="throughput"),
         "history": lambda: _plotly_history(study),
+        "loss_curves": lambda: plotly_loss_curves(study),
     }
     return _build(study, builders)
 
@@ -309,6 +315,7 @@ def write_pngs(study: optuna.Study, out_dir: Path) -> tuple[dict[str, Path], dic
                                                        targets=_pareto_targets),
         "importances": lambda: mvis.plot_param_importances(study, target=_throughput, target_name="throughput"),
         "history": history,
+        "loss_curves": lambda: matplotlib_loss_curves(study),
     }
     before = set(plt.get_fignums())
     try:

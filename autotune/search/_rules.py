@@ -3,7 +3,8 @@
 Device memory grows with the batch size and with wider activations, so a config that ran out of memory
 at batch B rules out every config that needs at least as much memory: the same device-side settings with
 a batch of B or more, a precision at least as wide, and no more memory allowed to the process. Knobs that
-only act on the host (loader workers, pinning, threads) do not change device memory and are ignored.
+only act on the host (loader workers, pinning, threads) do not change device memory and are ignored, and
+so is gradient accumulation: memory follows the micro-batch, however many are accumulated per step.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 HOST_SIDE_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "cpu_threads"})
+# Device memory follows the micro-batch (batch_size), not how many of them are accumulated per step.
+_ACCUMULATION_FIELDS = frozenset({"batch_policy", "global_batch"})
 # Bytes per activation element, as an order: fp32 and tf32 keep fp32 activations, fp16 and bf16 halve them.
 _PRECISION_WIDTH = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 
@@ -23,7 +26,7 @@ def needs_at_least(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> b
         failed: A config that ran out of memory, in the same form.
     """
     for knob in set(candidate) | set(failed):
-        if knob in HOST_SIDE_KNOBS:
+        if knob in HOST_SIDE_KNOBS or knob in _ACCUMULATION_FIELDS:
             continue
         mine, theirs = candidate.get(knob), failed.get(knob)
         if knob == "batch_size":

@@ -14,11 +14,13 @@ from typing import Any, Optional, Union
 import yaml
 
 from autotune._config import (
+    BATCH_POLICIES,
     COMPILE_MODES,
     COMPILE_MODES_WITH_GRAPHS,
     DALI_LOADER_KNOBS,
     LOADERS,
     PRECISIONS,
+    STUDY_FIELDS,
     TORCH_LOADER_KNOBS,
     Budget,
     TrialConfig,
@@ -55,7 +57,9 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
     raise AssertionError(knob)
 
 
-KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig))
+KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
+# The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
+MIN_OPTIMIZER_STEPS = 8
 _ENUMERATION_LIMIT = 100_000  # configs; above it ``SearchSpace.size`` is the nominal product
 
 
@@ -67,7 +71,7 @@ def _ask_order() -> tuple[str, ...]:
 
 
 _ASK_ORDER = _ask_order()
-_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget"}
+_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget", "batch_policy", "global_batch"}
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,11 @@ class Knob:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """A validated search space. Knobs not listed keep the baseline's value."""
+    """A validated search space. Knobs not listed keep the baseline's value.
+
+    The baseline carries the batch policy: under ``fixed`` its ``global_batch`` is every trial's global
+    batch and the ``batch_size`` knob is the micro-batch; under ``scale`` the knob is the global batch.
+    """
 
     name: str
     knobs: dict[str, Knob]
@@ -112,14 +120,43 @@ class SearchSpace:
     budget: Budget = Budget()
     description: str = ""
     removed: dict[str, str] = field(default_factory=dict)  # "knob=value" -> why the probe removed it
+    declared_batch_sizes: Optional[Knob] = None  # the batch knob as written, before the policy trimmed it
+
+    @property
+    def batch_policy(self) -> str:
+        return self.baseline.batch_policy
+
+    @property
+    def global_batch(self) -> int:
+        """Under ``fixed``, every trial's global batch; under ``scale``, the baseline's."""
+        return self.baseline.global_batch_size
 
     def to_dict(self) -> dict[str, Any]:
         """The user-facing definition (without probe removals), used for the fingerprint."""
-        return {
-            "knobs": {k: v.to_dict() for k, v in sorted(self.knobs.items())},
-            "baseline": self.baseline.to_dict(),
+        baseline = {k: v for k, v in self.baseline.to_dict().items() if k not in STUDY_FIELDS}
+        knobs = dict(self.knobs)
+        if self.declared_batch_sizes is not None:
+            knobs["batch_size"] = self.declared_batch_sizes  # as written: the policy may have trimmed it
+        data: dict[str, Any] = {
+            "knobs": {k: v.to_dict() for k, v in sorted(knobs.items())},
+            "baseline": baseline,
             "budget": dataclasses.asdict(self.budget),
+            "batch_policy": self.batch_policy,
         }
+        if self.batch_policy == "fixed":
+            data["global_batch"] = self.global_batch
+        return data
+
+    def with_batch_policy(self, policy: str, *, where: Optional[str] = None) -> "SearchSpace":
+        """This space under another batch policy (``fixed`` keeps the baseline's batch as the global batch).
+
+        Raises:
+            SpaceError: the policy is unknown, or a micro-batch does not divide the global batch.
+        """
+        if policy == self.batch_policy:
+            return self
+        global_batch = self.baseline.batch_size if policy == "fixed" else None
+        return _with_policy(self, policy, global_batch, where or self.name)
 
     @property
     def fingerprint(self) -> str:
@@ -188,7 +225,8 @@ class SearchSpace:
                 chosen[name] = trial.suggest_float(name, spec.low, spec.high, step=spec.step)
             else:
                 chosen[name] = trial.suggest_int(name, int(spec.low), int(spec.high), step=int(spec.step))
-        return TrialConfig(**chosen)
+        policy = self.batch_policy
+        return TrialConfig(**chosen, batch_policy=policy, global_batch=self.global_batch if policy == "fixed" else None)
 
     def asked_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params a trial asks for to reach this config: knobs that cannot matter for it are not asked."""
@@ -305,7 +343,16 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
             if problem:
                 raise SpaceError(f"{where}: baseline.{knob_name}: {problem}")
         base_values[knob_name] = value
-    baseline = TrialConfig(**base_values)
+    policy = data.get("batch_policy", "fixed")
+    if policy not in BATCH_POLICIES:
+        raise SpaceError(f"{where}: batch_policy: {policy!r} is not one of {', '.join(BATCH_POLICIES)}")
+    global_batch = data.get("global_batch")
+    if global_batch is not None:
+        if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch <= 0:
+            raise SpaceError(f"{where}: global_batch: {global_batch!r} is not a positive integer")
+        if policy != "fixed":
+            raise SpaceError(f"{where}: global_batch goes with batch_policy fixed (under scale the batch_size knob "
+                             "is the global batch)")
 
     raw_budget = data.get("budget") or {}
     if not isinstance(raw_budget, dict):
@@ -324,10 +371,11 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
     space = SearchSpace(
         name=name or where,
         knobs=knobs,
-        baseline=baseline,
+        baseline=TrialConfig(**base_values, batch_policy="scale"),
         budget=budget,
         description=str(data.get("description", "")),
     )
+    space = _with_policy(space, policy, global_batch, where)
     largest = space.max_batch_size()
     if budget.samples < budget.min_samples_for(largest):
         raise SpaceError(
@@ -335,6 +383,47 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
             f"(needs {budget.min_samples_for(largest)} = batch x (warmup_steps + windows))"
         )
     return space
+
+
+def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], where: str) -> SearchSpace:
+    """Set the batch policy on the space's baseline, checking the micro-batches against the global batch."""
+    if policy not in BATCH_POLICIES:
+        raise SpaceError(f"{where}: batch_policy: {policy!r} is not one of {', '.join(BATCH_POLICIES)}")
+    base = space.baseline
+    declared = space.declared_batch_sizes or space.knobs.get("batch_size")
+    knobs = {k: v for k, v in space.knobs.items() if k != "batch_size"}
+    removed = {k: v for k, v in space.removed.items() if not k.startswith("batch_size=")}
+    if policy == "scale":
+        if declared is not None:
+            knobs["batch_size"] = declared
+        return dataclasses.replace(space, knobs=knobs, removed=removed, declared_batch_sizes=declared,
+                                   baseline=base.replace(batch_policy="scale", global_batch=None))
+    total = global_batch or base.batch_size
+    if total % base.batch_size:
+        raise SpaceError(f"{where}: baseline.batch_size: {base.batch_size} does not divide the global batch {total} "
+                         "(batch_policy fixed)")
+    for value in declared.values if declared else ():
+        if value <= total and total % value:
+            raise SpaceError(
+                f"{where}: knobs.batch_size: {value} does not divide the global batch {total} (batch_policy fixed "
+                f"accumulates micro-batches into it); list divisors of {total}, set global_batch, or use "
+                "batch_policy: scale"
+            )
+    if space.budget.samples // total < MIN_OPTIMIZER_STEPS:
+        raise SpaceError(
+            f"{where}: budget.samples: {space.budget.samples} gives fewer than {MIN_OPTIMIZER_STEPS} optimizer "
+            f"steps at the global batch {total}"
+        )
+    if declared is not None:
+        micro = tuple(v for v in declared.values if v <= total)
+        above = [_fmt(v) for v in declared.values if v > total]
+        if above:
+            removed[f"batch_size={','.join(above)}"] = (f"above the global batch {total} (batch_policy fixed: the batch "
+                                                        "knob is the micro-batch; batch_policy scale lets it grow)")
+        if micro:
+            knobs["batch_size"] = Knob("batch_size", choices=micro)
+    return dataclasses.replace(space, knobs=knobs, removed=removed, declared_batch_sizes=declared,
+                               baseline=base.replace(batch_policy="fixed", global_batch=total))
 
 
 SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -379,7 +468,7 @@ def builtin_spaces() -> list[Path]:
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Name what differs between two ``SearchSpace.to_dict()`` results, e.g. ``knobs.batch_size``."""
-    changes = []
+    changes = [key for key in ("batch_policy", "global_batch") if old.get(key) != new.get(key)]
     for section in ("knobs", "baseline", "budget"):
         a, b = old.get(section, {}), new.get(section, {})
         for key in sorted(set(a) | set(b)):

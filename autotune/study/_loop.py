@@ -116,7 +116,7 @@ class TrialLoop:
                                               prune_below=self._prune_threshold())
                     if outcome.ok:
                         # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
-                        reference_seconds = self.references.at_batch(study, config.batch_size, ui)
+                        reference_seconds = self.references.at_batch(study, config, ui)
                         if reference_seconds:
                             trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
                 self._tell(trial, config, outcome)
@@ -192,7 +192,6 @@ class TrialLoop:
 
     def _tell(self, trial: optuna.Trial, config: TrialConfig, outcome: TrialOutcome) -> None:
         study = self.study
-        threshold = self.references.threshold(study, config.batch_size)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("status", outcome.status)
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
@@ -206,21 +205,24 @@ class TrialLoop:
             return
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
-            loss = self.references.accuracy_loss(study, m.metric, config.batch_size)
+            verdict = self.references.judge(study, config, m)
             for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr("throughput_spread", m.spread)
-            trial.set_user_attr("accuracy_loss", loss)
+            trial.set_user_attr("accuracy_loss", verdict.accuracy_loss)
+            record_verdict(trial, verdict.label, verdict.evidence)
             trial.set_constraint("failure", 0.0)
-            trial.set_constraint("accuracy", loss - threshold)
+            trial.set_constraint("accuracy", verdict.constraint)
             self._record_diagnosis(trial, "COMPLETE")
-            self._finish(trial, [m.throughput, loss])
+            self._finish(trial, [m.throughput, verdict.accuracy_loss])
             return
         trial.set_user_attr("failure", outcome.status)
         trial.set_user_attr("error", outcome.error)
         trial.set_user_attr("stderr_tail", outcome.stderr_tail[-1500:])
         if outcome.signal:
             trial.set_user_attr("signal", outcome.signal)
+        if outcome.status == "nan":
+            record_verdict(trial, "diverged", f"the training loss or metric was not finite ({outcome.error})")
         for key in ("throughput", "data_wait_fraction", "peak_memory_gib"):
             trial.set_user_attr(key, 0.0)
         trial.set_user_attr("accuracy_loss", math.inf)
@@ -290,6 +292,12 @@ class TrialLoop:
             if old.number != trial.number and old.params == trial.params and "config" in old.user_attrs:
                 return old
         return None
+
+
+def record_verdict(trial: Any, label: str, evidence: str) -> None:
+    """Store a trial's accuracy verdict and its one-sentence evidence as user attributes."""
+    trial.set_user_attr("accuracy_verdict", label)
+    trial.set_user_attr("accuracy_evidence", evidence)
 
 
 def measurement_attrs(m: Measurement) -> dict[str, Any]:

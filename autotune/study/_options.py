@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 
 import optuna
 
+from autotune._config import BATCH_POLICIES
 from autotune._records import DEFAULT_STUDIES_DIR
 
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
@@ -69,6 +70,9 @@ class SearchOptions:
             configs that could not come near the best.
         default_spaces: The built-in spaces for a CPU and for a GPU machine when ``space`` is ``None``.
         capabilities: What the machine can run; ``None`` probes it.
+        batch_policy: ``"fixed"`` keeps the baseline's global batch in every trial (the batch knob is the
+            micro-batch, gradients accumulate); ``"scale"`` lets the global batch follow the batch knob,
+            judged against fp32 at each global batch. ``None`` keeps the space's (``fixed`` unless it says).
     """
 
     space: Any = None
@@ -78,8 +82,11 @@ class SearchOptions:
     prune_below: Optional[float] = 0.5
     default_spaces: tuple[str, str] = ("cpu_default", "gpu_default")
     capabilities: Any = None
+    batch_policy: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.batch_policy is not None and self.batch_policy not in BATCH_POLICIES:
+            raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}")
         if self.n_trials < 1:
             raise ValueError("n_trials must be at least 1")
         if self.prune_below is not None and not 0 <= self.prune_below < 1:
@@ -95,10 +102,9 @@ class AccuracyOptions:
         max_accuracy_loss: A trial is infeasible when its accuracy loss exceeds this plus the
             reference noise band (metric units; 0.01 is one accuracy point).
         metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
-        accuracy_reference: ``"baseline"`` judges every trial against the fp32 baseline; ``"batch"``
-            against an fp32 run of the baseline at the trial's own batch size (run once per batch size
-            and seed, when first needed), so the check isolates what precision, compile and graphs do from
-            what fewer optimizer steps do in a short trial.
+        accuracy_reference: Superseded by ``batch_policy``: ``"batch"`` (judge each trial against fp32
+            at its own batch size) is what ``batch_policy="scale"`` does, and selects it when no policy
+            is given; ``"baseline"`` leaves the policy to decide.
         reference_repeats: fp32 reference runs with different seeds, for the baseline and for each batch
             size in ``"batch"`` mode; two or more give each reference its noise band.
     """

@@ -1,18 +1,33 @@
-"""The fp32 reference runs and the accuracy check that judges every trial against them."""
+"""The fp32 reference runs and the accuracy verdict that judges every trial against them.
+
+Under ``batch_policy: fixed`` every trial trains at the baseline's global batch, so one set of references
+(one run per seed) serves the whole study. Under ``scale`` a trial at another global batch is judged
+against fp32 at that global batch, run once per seed when first needed. A reference whose global batch
+does not fit in memory runs at a micro-batch that does, with gradient accumulation: same optimization.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import optuna
 
-from autotune._config import TrialConfig, TrialOutcome
+from autotune._config import Measurement, TrialConfig, TrialOutcome
 from autotune._errors import WorkloadError
-from autotune._records import BATCH_REFERENCE, BATCH_REFERENCE_FAILED, BATCH_REFERENCE_NOISE
+from autotune._records import (
+    BATCH_REFERENCE,
+    BATCH_REFERENCE_BAND,
+    BATCH_REFERENCE_FAILED,
+    BATCH_REFERENCE_NOISE,
+    REFERENCE_BAND,
+)
 from autotune.study._options import AccuracyOptions
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
+from autotune.study._verdict import ReferenceBand, Verdict, judge
+
+CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
 
 
 class References:
@@ -20,7 +35,7 @@ class References:
 
     Args:
         options: How accuracy is judged.
-        runner: Runs configs of the study.
+        runner: Runs configs of the study; its baseline carries the batch policy.
         seed: The study's seed; reference repeat ``r`` runs with ``seed + r``.
     """
 
@@ -29,85 +44,138 @@ class References:
         self.runner = runner
         self.seed = seed
 
+    @property
+    def _baseline(self) -> TrialConfig:
+        return self.runner.baseline.replace(precision="fp32")
+
     def baseline(self, ui: _Progress) -> dict[str, Any]:
-        """Train the baseline in fp32 once per seed: baseline throughput, reference metric, noise band.
+        """Train the baseline in fp32 once per seed: baseline throughput, the reference band and metric.
 
         Raises:
             WorkloadError: a reference run failed, so no trial could be judged.
         """
-        baseline = self.runner.baseline.replace(precision="fp32")
-        metrics, rates, first = [], [], None
-        for workdir, outcome in self._fp32_runs(baseline, lambda repeat: f"reference-{repeat}", "", ui):
+        started = time.perf_counter()
+        config, runs = self._runs(self._baseline, "reference", "", ui)
+        measurements = []
+        for workdir, outcome in runs:
             if not outcome.ok or outcome.measurement is None:
                 raise WorkloadError(
                     f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
                     f"see {self.runner.logdir / workdir / 'trial.log'}"
                 )
-            metrics.append(outcome.measurement.metric)
-            rates.append(outcome.measurement.throughput)
-            first = first or outcome.measurement.to_dict()
+            measurements.append(outcome.measurement)
+        metrics = [m.metric for m in measurements]
+        band = ReferenceBand.of([(m.losses, m.metric) for m in measurements])
         return {
-            "baseline_config": baseline.to_dict(),
-            "baseline_throughput": rates[0],
+            "baseline_config": config.to_dict(),
+            "baseline_throughput": measurements[0].throughput,
             "reference_metric": metrics[0],
             "reference_metrics": metrics,
-            "reference_throughputs": rates,
-            "reference_measurement": first,
-            "metric_noise": noise_band(metrics),
+            "reference_throughputs": [m.throughput for m in measurements],
+            "reference_measurement": measurements[0].to_dict(),
+            "metric_noise": band.metric_band,
+            REFERENCE_BAND: band.to_dict(),
+            "reference_curves": [_curve(m) for m in measurements],
+            "reference_seconds": round(time.perf_counter() - started, 3),
         }
 
-    def _fp32_runs(self, config: TrialConfig, workdir_of: Callable[[int], str], where: str,
-                   ui: _Progress) -> Iterator[tuple[str, TrialOutcome]]:
-        """Run ``config`` (an fp32 reference) once per reference seed, each an isolated trial in
-        ``workdir_of(repeat)``; yields each run's workdir and outcome, so the caller may stop at a failure."""
+    def _runs(self, config: TrialConfig, workdir: str, where: str,
+              ui: _Progress) -> tuple[TrialConfig, list[tuple[str, TrialOutcome]]]:
+        """Run an fp32 reference once per seed. When the first seed runs out of memory, its global batch is
+        split into micro-batches (half, then a quarter, ...) until one fits; every seed then uses that.
+        Stops at the first failed seed. Returns the config that ran and each seed's workdir and outcome."""
         repeats = self.options.reference_repeats
+        done: list[tuple[str, TrialOutcome]] = []
         for repeat in range(repeats):
             seed = self.seed + repeat
-            ui.status(f"reference{where} {repeat + 1}/{repeats}: {config.describe()} (seed {seed})")
-            workdir = workdir_of(repeat)
-            yield workdir, self.runner.run(config, workdir, seed=seed)
+            while True:
+                ui.status(f"reference{where} {repeat + 1}/{repeats}: {config.describe()} (seed {seed})")
+                name = f"{workdir}-{repeat}" if config.accumulation_steps == 1 else f"{workdir}-{repeat}-micro{config.batch_size}"
+                outcome = self.runner.run(config, name, seed=seed)
+                smaller = _half_micro_batch(config) if outcome.status == "oom" and not done else None
+                if smaller is None:
+                    break
+                config = smaller
+            done.append((name, outcome))
+            if not outcome.ok:
+                break
+        return config, done
 
-    def at_batch(self, study: optuna.Study, batch_size: int, ui: _Progress) -> float:
-        """With ``accuracy_reference="batch"``: train the fp32 baseline at this batch size, once per seed of
-        the baseline's reference, for the accuracy check of every trial at it; the seeds' spread is this
-        batch's noise band (a large batch's short run can be far noisier than the baseline's). A failed run
-        (say fp32 does not fit where bf16 did) is recorded, and those trials fall back to the baseline
-        reference. Returns the seconds it took (0 when no run was needed)."""
-        key, failed = f"{BATCH_REFERENCE}{batch_size}", f"{BATCH_REFERENCE_FAILED}{batch_size}"
-        if (self.options.accuracy_reference != "batch" or batch_size == self.runner.baseline.batch_size
-                or key in study.user_attrs or failed in study.user_attrs):
+    def at_batch(self, study: optuna.Study, config: TrialConfig, ui: _Progress) -> float:
+        """Under ``batch_policy: scale``: train fp32 at this trial's global batch, once per seed, for the
+        verdict of every trial at it (a large batch's short run can be far noisier than the baseline's). A
+        failed run is recorded, and those trials fall back to the baseline's references with a note.
+        Returns the seconds it took (0 when no run was needed)."""
+        batch = config.global_batch_size
+        key, failed = f"{BATCH_REFERENCE}{batch}", f"{BATCH_REFERENCE_FAILED}{batch}"
+        if (batch == self._baseline.global_batch_size or key in study.user_attrs or failed in study.user_attrs
+                or f"{BATCH_REFERENCE_BAND}{batch}" in study.user_attrs):
             return 0.0
         started = time.perf_counter()
-        config = self.runner.baseline.replace(precision="fp32", batch_size=batch_size)
-        metrics = []
-        runs = self._fp32_runs(config, lambda repeat: f"reference-batch-{batch_size}/seed-{self.seed + repeat}",
-                               f" at batch {batch_size}", ui)
-        for _, outcome in runs:
-            if not (outcome.ok and outcome.measurement is not None and outcome.measurement.metric is not None):
-                study.set_user_attr(failed, f"{outcome.status}: {outcome.error}")
-                return time.perf_counter() - started
-            metrics.append(outcome.measurement.metric)
-        study.set_user_attr(key, metrics[0])  # the trial's own seed, as for the baseline reference
-        if len(metrics) >= 2:
-            study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch_size}", noise_band(metrics))
+        reference = self._baseline.replace(batch_size=batch, global_batch=None)
+        _, runs = self._runs(reference, f"reference-batch-{batch}/seed", f" at global batch {batch}", ui)
+        measurements = [o.measurement for _, o in runs if o.ok and o.measurement is not None]
+        if len(measurements) < len(runs) or not measurements:
+            bad = runs[-1][1]
+            study.set_user_attr(failed, f"{bad.status}: {bad.error}")
+            return time.perf_counter() - started
+        band = ReferenceBand.of([(m.losses, m.metric) for m in measurements])
+        study.set_user_attr(f"{BATCH_REFERENCE_BAND}{batch}", band.to_dict())
+        study.set_user_attr(f"reference_curves:batch={batch}", [_curve(m) for m in measurements])
+        if measurements[0].metric is not None:
+            study.set_user_attr(key, measurements[0].metric)  # the trial's own seed, as for the baseline
+            if len(measurements) >= 2:
+                study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch}", band.metric_band)
         return time.perf_counter() - started
 
-    def threshold(self, study: optuna.Study, batch_size: int) -> float:
-        """The accuracy loss a trial at this batch may have: the bound plus its reference's noise band."""
-        return self.options.max_accuracy_loss + self._metric_noise(study, batch_size)
+    def band(self, study: optuna.Study, global_batch: int) -> tuple[ReferenceBand, Optional[float], str]:
+        """The references a trial at this global batch is judged against, their metric, and a note when
+        they are the baseline's instead of its own global batch's."""
+        attrs = study.user_attrs
+        own = attrs.get(f"{BATCH_REFERENCE_BAND}{global_batch}")
+        if own is not None:
+            return ReferenceBand.from_dict(own), attrs.get(f"{BATCH_REFERENCE}{global_batch}"), ""
+        baseline = _stored_band(attrs)
+        note = ""
+        if global_batch != self._baseline.global_batch_size:
+            why = attrs.get(f"{BATCH_REFERENCE_FAILED}{global_batch}")
+            note = (f"judged against fp32 at the baseline's global batch {self._baseline.global_batch_size}"
+                    + (f" (the reference at {global_batch} failed: {why})" if why else ""))
+        return baseline, attrs.get("reference_metric"), note
 
-    def _metric_noise(self, study: optuna.Study, batch_size: int) -> float:
-        """The noise band a trial at this batch is allowed: its batch reference's, else the baseline's."""
-        return study.user_attrs.get(f"{BATCH_REFERENCE_NOISE}{batch_size}", study.user_attrs.get("metric_noise", 0.0))
+    def judge(self, study: optuna.Study, config: TrialConfig, measurement: Measurement) -> Verdict:
+        """The accuracy verdict of a trial that ran to the end."""
+        band, reference_metric, note = self.band(study, config.global_batch_size)
+        verdict = judge(measurement.losses, measurement.metric, band, reference_metric=reference_metric,
+                        max_accuracy_loss=self.options.max_accuracy_loss,
+                        metric_direction=self.options.metric_direction)
+        if note:
+            return Verdict(verdict.label, f"{verdict.evidence} ({note})", verdict.accuracy_loss, verdict.constraint)
+        return verdict
 
-    def accuracy_loss(self, study: optuna.Study, metric: Optional[float], batch_size: int) -> float:
-        reference = study.user_attrs.get(f"{BATCH_REFERENCE}{batch_size}", study.user_attrs.get("reference_metric"))
-        if reference is None or metric is None:
-            return 0.0  # the workload reports no metric: accuracy is not checked (noted in the study)
-        return reference - metric if self.options.metric_direction == "maximize" else metric - reference
+    def blind_reasons(self, study: optuna.Study) -> list[str]:
+        """Why the study's accuracy check cannot see harm, if it cannot (from the baseline's references)."""
+        return _stored_band(study.user_attrs).blind_reasons(self.options.max_accuracy_loss)
 
 
-def noise_band(metrics: list[Optional[float]]) -> float:
-    """The spread of the metrics that reference seeds reached (0 with fewer than two)."""
-    real = [m for m in metrics if m is not None]
-    return (max(real) - min(real)) if len(real) >= 2 else 0.0
+def _stored_band(attrs: dict[str, Any]) -> ReferenceBand:
+    if REFERENCE_BAND in attrs:
+        return ReferenceBand.from_dict(attrs[REFERENCE_BAND])
+    # A study made before loss trajectories were recorded: its metrics alone.
+    return ReferenceBand(metrics=tuple(attrs.get("reference_metrics") or ()))
+
+
+def _half_micro_batch(config: TrialConfig) -> Optional[TrialConfig]:
+    """The same global batch in micro-batches half as large, when such a micro-batch exists."""
+    half = config.batch_size // 2
+    total = config.global_batch_size
+    if half < 8 or half % 8 or total % half:
+        return None
+    return config.replace(batch_size=half, global_batch=total)
+
+
+def _curve(m: Measurement) -> list[float]:
+    """A reference's loss trajectory thinned to ``CURVE_POINTS`` for the plot."""
+    losses = list(m.losses)
+    every = max(1, -(-len(losses) // CURVE_POINTS))
+    return [round(sum(losses[i:i + every]) / len(losses[i:i + every]), 6) for i in range(0, len(losses), every)]

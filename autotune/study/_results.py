@@ -32,7 +32,21 @@ def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
         "removed_knobs": result.removed_knobs,
         "fingerprint": study.user_attrs.get("hardware", {}),
         "confirmation": study.user_attrs.get("confirmation"),
+        "batch_policy": _batch_policy(best.config if best else result.baseline, study.user_attrs),
+        "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
+        "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
+        "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _batch_policy(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Which batch policy the study used, and the config's global batch, micro-batch and accumulation."""
+    return {
+        "policy": attrs.get("batch_policy", config.batch_policy),
+        "global_batch": config.global_batch_size,
+        "micro_batch": config.batch_size,
+        "accumulation_steps": config.accumulation_steps,
     }
 
 

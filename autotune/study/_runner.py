@@ -16,7 +16,7 @@ class TrialRunner:
     Args:
         target: The ``module:function`` or ``path.py:function`` to run.
         logdir: The study's log folder; each run gets a subfolder.
-        baseline: The space's baseline config (its batch size is what ``ctx.lr_scale`` divides by).
+        baseline: The space's baseline config (its global batch is what ``ctx.lr_scale`` divides by).
         budget: The space's per-trial budget.
         timeout: Wall-clock seconds before a trial's process group is killed.
         memory_limit_gib: On CPU, address space a trial may add (see ``TrialOptions``).
@@ -38,7 +38,7 @@ class TrialRunner:
             config=config,
             budget=budget or self.budget,
             seed=seed,
-            baseline_batch_size=self.baseline.batch_size,
+            baseline_batch_size=self.baseline.global_batch_size,
             memory_limit_gib=self.memory_limit_gib,
             prune_below=prune_below,
         )

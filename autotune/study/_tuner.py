@@ -65,11 +65,12 @@ class Tuner:
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
         space, defaults = self.options.search.space, self.options.search.default_spaces
-        if isinstance(space, _space.SearchSpace):
-            return space
-        if space is None:
-            return _space.load_space(defaults[1] if caps.cuda else defaults[0])
-        return _space.load_space(space)
+        if not isinstance(space, _space.SearchSpace):
+            space = _space.load_space(space if space is not None else defaults[1] if caps.cuda else defaults[0])
+        policy = self.options.search.batch_policy
+        if policy is None and self.options.accuracy.accuracy_reference == "batch":
+            policy = "scale"  # the per-batch-size reference is what the scale policy does
+        return space.with_batch_policy(policy) if policy else space
 
     def _load_existing(self, storage: Any, space: _space.SearchSpace) -> Optional[optuna.Study]:
         """The study if it exists, after checking that it was made with this space and target."""
@@ -146,6 +147,8 @@ class Tuner:
             "metric_direction": accuracy.metric_direction,
             "max_accuracy_loss": accuracy.max_accuracy_loss,
             "accuracy_reference": accuracy.accuracy_reference,
+            "batch_policy": space.batch_policy,
+            "global_batch": space.global_batch if space.batch_policy == "fixed" else None,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "n_trials": self.options.search.n_trials,
             "prune_below": self.options.search.prune_below,
@@ -170,16 +173,19 @@ class Tuner:
         asked = asker.params
         measurement = Measurement.from_dict(reference["reference_measurement"])
         user_attrs = measurement_attrs(measurement)
+        verdict = self._references.judge(study, baseline, measurement)
         user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference", worker=_worker_id(),
-                          throughput_spread=measurement.spread, **self._identity)
+                          throughput_spread=measurement.spread, accuracy_verdict=verdict.label,
+                          accuracy_evidence=f"the fp32 reference run itself (seed {self.options.study.seed}): "
+                                            f"{verdict.evidence}",
+                          **self._identity)
         user_attrs.update(diagnosis_attrs(study, {**user_attrs, "number": len(study.trials), "state": "COMPLETE"}))
-        threshold = self.options.accuracy.max_accuracy_loss + reference["metric_noise"]
         study.add_trial(optuna.trial.create_trial(
             params=asked,
             distributions={k: distributions[k] for k in asked},
             values=[measurement.throughput, 0.0],
             user_attrs=user_attrs,
-            system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -threshold},
+            system_attrs={"constraints:failure": 0.0, "constraints:accuracy": verdict.constraint},
         ))
 
     def _sampler(self, space: Optional[_space.SearchSpace] = None) -> optuna.samplers.BaseSampler:
@@ -223,7 +229,7 @@ class Tuner:
         runner = TrialRunner(target=self.target, logdir=study_dir(self.study_name, studies_dir) / "logs",
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
                              memory_limit_gib=opts.trial.memory_limit_gib)
-        references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
+        references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
         with _Progress(opts.study.progress, opts.search.n_trials) as ui:
             if study is None or "reference_metrics" not in study.user_attrs:
                 reference = references.baseline(ui)
@@ -232,6 +238,8 @@ class Tuner:
                 else:
                     for key, value in reference.items():
                         study.set_user_attr(key, value)
+                blind = references.blind_reasons(study)
+                study.set_user_attr("accuracy_check", {"blind": bool(blind), "reasons": blind})
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)

@@ -15,6 +15,13 @@ from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
 
 
+# Layers with 4-D (N, C, H, W) activations: the ones channels_last changes.
+_IMAGE_LAYERS = (torch.nn.Conv2d, torch.nn.ConvTranspose2d, torch.nn.BatchNorm2d, torch.nn.MaxPool2d,
+                 torch.nn.AvgPool2d, torch.nn.AdaptiveAvgPool2d)
+MAX_TRAJECTORY = 512  # points of a trial's stored loss trajectory; longer ones are averaged into bins
+LOSS_SLACK = 16  # loss slots past the planned steps, for a train_fn that steps a little more
+
+
 class NonFiniteLoss(ArithmeticError):
     """The training loss became NaN or inf."""
 
@@ -33,7 +40,7 @@ class TrialContext:
         config: The knobs to apply.
         budget: Trial length and timing; ``None`` outside a study (no timing, one epoch per ``batches``).
         seed: Seed for the data order and the user's initialisation (``ctx.seed``).
-        baseline_batch_size: The reference batch size, for ``lr_scale``.
+        baseline_batch_size: The baseline's global batch, for ``lr_scale``.
         device: Defaults to CUDA when available.
         prune_below: Stop the trial after its first timed window when that window's throughput is below
             this (samples/s); set by the tuner from the best trial so far.
@@ -53,7 +60,7 @@ class TrialContext:
         self.prune_below = prune_below
         self.budget = budget
         self.seed = seed
-        self.baseline_batch_size = baseline_batch_size or config.batch_size
+        self.baseline_batch_size = baseline_batch_size or config.global_batch_size
         self.device = device or _knobs.pick_device()
         self.metric: Optional[float] = None
         self.extras: dict[str, Any] = {}
@@ -61,17 +68,28 @@ class TrialContext:
         self._steps_done = 0
         self._samples_done = 0
         self._train_steps: list[_knobs.TrainStep] = []
+        self._recorded_losses: list[torch.Tensor] = []  # ctx.record_loss, for hand-written loops
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
     # -- knobs ---------------------------------------------------------------------------------
     @property
     def lr_scale(self) -> float:
-        """batch_size / baseline batch size: multiply your learning rate by it (linear scaling rule)."""
-        return self.config.batch_size / self.baseline_batch_size
+        """Global batch / the baseline's global batch: multiply your learning rate by it (linear scaling).
+
+        Under ``batch_policy: fixed`` it is 1: every trial trains at the baseline's global batch.
+        """
+        return self.config.global_batch_size / self.baseline_batch_size
+
+    @property
+    def lr_scale_sqrt(self) -> float:
+        """The square-root scaling rule (often used with Adam-style optimizers): ``sqrt(lr_scale)``."""
+        return math.sqrt(self.lr_scale)
 
     def model(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move to the device, apply channels_last and torch.compile as configured."""
+        # Whether channels_last can matter (image layers): the search and the hints read it.
+        self.extras.setdefault("activations_4d", any(isinstance(m, _IMAGE_LAYERS) for m in module.modules()))
         return _knobs.prepare_model(module, self.config, self.device)
 
     def optimizer(self, cls: type, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
@@ -159,8 +177,12 @@ class TrialContext:
         optimizer: torch.optim.Optimizer,
         loss_fn: Callable[..., torch.Tensor],
     ) -> _knobs.TrainStep:
-        """A callable ``step(inputs, targets) -> loss`` with autocast, GradScaler and CUDA Graphs applied."""
-        step = _knobs.TrainStep(model, optimizer, loss_fn, config=self.config, device=self.device)
+        """A callable ``step(inputs, targets) -> loss`` with autocast, GradScaler, gradient accumulation
+        (``config.accumulation_steps`` micro-batches per optimizer step) and CUDA Graphs applied. In a
+        study it also records the training loss of every step for the accuracy verdict."""
+        capacity = self._plan()[0] + LOSS_SLACK if self.budget is not None else 0
+        step = _knobs.TrainStep(model, optimizer, loss_fn, config=self.config, device=self.device,
+                                loss_capacity=capacity)
         self._train_steps.append(step)
         return step
 
@@ -177,12 +199,18 @@ class TrialContext:
 
     # -- measured iteration ----------------------------------------------------------------------
     def _plan(self) -> tuple[int, int, int]:
+        """Steps (micro-batches) in all, warm-up steps, and steps per timed window. With accumulation each
+        is a whole number of global batches where it can be, so every window holds the same optimizer steps."""
         assert self.budget is not None
-        steps = self.budget.steps_for(self.config.batch_size)
+        accumulation = self.config.accumulation_steps
+        steps = self.budget.samples // self.config.global_batch_size * accumulation
         warmup = self.budget.warmup_steps
         if self.config.cuda_graphs:
             warmup = max(warmup, _knobs.GRAPH_WARMUP_STEPS + 2)  # eager warm-up, capture, one replay
+        warmup = -(-warmup // accumulation) * accumulation
         window_steps = (steps - warmup) // self.budget.windows
+        if window_steps >= accumulation:
+            window_steps -= window_steps % accumulation
         if window_steps < 1:
             raise KnobError(
                 f"budget of {self.budget.samples} samples leaves no timed window at batch "
@@ -280,6 +308,23 @@ class TrialContext:
             return {k: self._move(v) for k, v in batch.items()}
         return batch
 
+    def record_loss(self, loss: Any) -> None:
+        """For hand-written loops: record the training loss of one optimizer step (a tensor stays on the
+        device, so this does not synchronise)."""
+        value = loss.detach().float().reshape(()) if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        self._recorded_losses.append(value.clone())
+
+    def _loss_trajectory(self) -> tuple[list[float], int]:
+        """The training loss per optimizer step, binned to at most ``MAX_TRAJECTORY`` points, and the bin size."""
+        if self._recorded_losses:
+            losses = torch.stack([v.to("cpu") for v in self._recorded_losses]).tolist()
+        else:
+            losses = next((t for t in (s.loss_trajectory() for s in self._train_steps) if t), [])
+        every = max(1, -(-len(losses) // MAX_TRAJECTORY))
+        if every > 1:
+            losses = [sum(losses[i:i + every]) / len(losses[i:i + every]) for i in range(0, len(losses), every)]
+        return losses, every
+
     def _check_finite(self) -> None:
         for step in self._train_steps:
             if step.scaler is not None:
@@ -328,6 +373,7 @@ class TrialContext:
     def measurement(self) -> Measurement:
         """Summarise what this trial measured (called by autotune after ``train_fn`` returns)."""
         skips = sum(s.scaler_skips for s in self._train_steps)
+        losses, every = self._loss_trajectory()
         if self._train_steps and skips > 0.5 * max(1, self._steps_done):
             raise NonFiniteLoss(f"the fp16 scaler skipped {skips} of {self._steps_done} steps as non-finite")
         return summarize(
@@ -340,6 +386,8 @@ class TrialContext:
             scaler_skips=skips,
             graph_replays=sum(s.graph_replays for s in self._train_steps),
             extras=self.extras,
+            losses=losses,
+            loss_every=every,
         )
 
 

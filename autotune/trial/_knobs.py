@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -113,8 +114,21 @@ def _zero_momentum(optimizer: torch.optim.Optimizer) -> None:
 class TrainStep:
     """One training step (forward, loss, backward, optimizer) with the config's precision applied.
 
-    With ``cuda_graphs`` the whole step is captured once into a CUDA Graph after a few eager warm-up
-    steps, and later calls copy the batch into static input buffers and replay the graph.
+    With ``config.accumulation_steps`` > 1 (``batch_policy: fixed`` and a micro-batch smaller than the
+    global batch) each call is one micro-batch: its loss is divided by the accumulation count before the
+    backward pass, gradients add up over the micro-batches, and the optimizer steps (through the
+    GradScaler for fp16) once per global batch, so the gradient is the full batch's (BatchNorm statistics
+    aside, which see micro-batches).
+
+    With ``cuda_graphs`` the step is captured after a few eager warm-up steps on a side stream, and later
+    calls copy the batch into static input buffers and replay it. Without accumulation one graph holds the
+    whole step. With it, two graphs share one memory pool: the micro-step (forward and backward adding into
+    the gradients) and the last micro-step of a global batch (the same, then the optimizer step and the
+    gradients zeroed in place), replayed ``accumulation - 1`` times and once per global batch.
+
+    With ``loss_capacity`` each call's loss is written into a device buffer (inside the graph too, through
+    a device-side index), so the trial's loss trajectory costs no synchronisation and no extra launch per
+    replay; it is read once, at the end.
     """
 
     def __init__(
@@ -125,12 +139,14 @@ class TrainStep:
         *,
         config: TrialConfig,
         device: torch.device,
+        loss_capacity: int = 0,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.config = config
         self.device = device
+        self.accumulation = config.accumulation_steps
         self.scaler: Optional[torch.amp.GradScaler] = None
         if config.precision == "fp16":
             if device.type != "cuda":
@@ -149,38 +165,61 @@ class TrainStep:
         self._skips = torch.zeros((), device=device, dtype=torch.float32)
         self.calls = 0
         self.last_loss: Optional[torch.Tensor] = None
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        # One slot per call (micro-batch); calls past the capacity overwrite the last slot.
+        self._loss_log = torch.full((loss_capacity,), math.nan, device=device) if loss_capacity > 0 else None
+        self._loss_index = torch.zeros((), dtype=torch.long, device=device)
+        self.graph: Optional[torch.cuda.CUDAGraph] = None  # the whole step, or the last micro-step
+        self._micro_graph: Optional[torch.cuda.CUDAGraph] = None  # a micro-step that only accumulates
         self.graph_replays = 0
         self.capture_seconds = 0.0
         self._static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._static_loss: Optional[torch.Tensor] = None
+        self._static_micro_loss: Optional[torch.Tensor] = None
         self._stream: Optional[torch.cuda.Stream] = None
+        # Eager warm-up ends on a global-batch boundary, so the graphs start a global batch.
+        self._graph_warmup = -(-GRAPH_WARMUP_STEPS // self.accumulation) * self.accumulation
 
-    def _body(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch; gradients add into ``.grad``. Returns the unscaled loss."""
         with autocast(self.config, self.device):
             loss = self.loss_fn(self.model(inputs), targets)
+        scaled = loss / self.accumulation if self.accumulation > 1 else loss
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        if self._loss_log is not None:
+            slot = self._loss_index.clamp(max=self._loss_log.numel() - 1).view(1)
+            self._loss_log.index_copy_(0, slot, loss.detach().float().view(1))
+            self._loss_index += 1
+        return loss.detach()
+
+    def _optimizer_step(self) -> None:
         if self.scaler is None:
-            loss.backward()
             self.optimizer.step()
-            return loss.detach()
-        self.scaler.scale(loss).backward()
+            return
         self.scaler.step(self.optimizer)
         # Count skipped steps on the device: no sync, and it works inside a captured graph.
         state = self.scaler._per_optimizer_states[id(self.optimizer)]
         for found_inf in state["found_inf_per_device"].values():
             self._skips += found_inf.to(self._skips.device)
         self.scaler.update()
-        return loss.detach()
+
+    def _eager(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool, last: bool) -> torch.Tensor:
+        if first:
+            self.optimizer.zero_grad(set_to_none=True)
+        loss = self._backward(inputs, targets)
+        if last:
+            self._optimizer_step()
+        return loss
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.last_loss = self._call(inputs, targets)
         return self.last_loss
 
     def _call(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        micro = self.calls % self.accumulation
+        first, last = micro == 0, micro == self.accumulation - 1
         self.calls += 1
         if not self.use_graph:
-            self.optimizer.zero_grad(set_to_none=True)
-            return self._body(inputs, targets)
+            return self._eager(inputs, targets, first, last)
         if self._static is None:
             self._static = (inputs.clone(), targets.clone())
             self._stream = torch.cuda.Stream()
@@ -192,30 +231,59 @@ class TrainStep:
             )
         static_in.copy_(inputs, non_blocking=True)
         static_tgt.copy_(targets, non_blocking=True)
-        if self.graph is None and self.calls <= GRAPH_WARMUP_STEPS:
+        if self.graph is None and (self.calls <= self._graph_warmup or not first):
             assert self._stream is not None
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):
-                self.optimizer.zero_grad(set_to_none=True)
-                loss = self._body(static_in, static_tgt)
+                loss = self._eager(static_in, static_tgt, first, last)
             torch.cuda.current_stream().wait_stream(self._stream)
             return loss
         if self.graph is None:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
+            self._capture(static_in, static_tgt)
+        if last:
+            assert self.graph is not None and self._static_loss is not None
+            self.graph.replay()
+            loss = self._static_loss
+        else:
+            assert self._micro_graph is not None and self._static_micro_loss is not None
+            self._micro_graph.replay()
+            loss = self._static_micro_loss
+        self.graph_replays += 1
+        return loss
+
+    def _capture(self, static_in: torch.Tensor, static_tgt: torch.Tensor) -> None:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        # thread_local: the DataLoader's pin-memory thread keeps making CUDA calls (pinned allocations)
+        # while the step is captured; in the default "global" mode those invalidate the capture, which
+        # an H200 run showed as a cuda_fatal at batch 32 with 8 pinned workers.
+        if self.accumulation == 1:
             self.graph = torch.cuda.CUDAGraph()
             self.optimizer.zero_grad(set_to_none=True)
-            # thread_local: the DataLoader's pin-memory thread keeps making CUDA calls (pinned allocations)
-            # while the step is captured; in the default "global" mode those invalidate the capture, which
-            # an H200 run showed as a cuda_fatal at batch 32 with 8 pinned workers.
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self._static_loss = self._body(static_in, static_tgt)
-            torch.cuda.synchronize()
-            self.capture_seconds = time.perf_counter() - start
-        self.graph.replay()
-        self.graph_replays += 1
-        assert self._static_loss is not None
-        return self._static_loss
+                self._static_loss = self._backward(static_in, static_tgt)
+                self._optimizer_step()
+        else:
+            # The gradients must be tensors that both graphs add into: zero the ones the warm-up made.
+            self.optimizer.zero_grad(set_to_none=False)
+            self._micro_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._micro_graph, capture_error_mode="thread_local"):
+                self._static_micro_loss = self._backward(static_in, static_tgt)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=self._micro_graph.pool(), capture_error_mode="thread_local"):
+                self._static_loss = self._backward(static_in, static_tgt)
+                self._optimizer_step()
+                self.optimizer.zero_grad(set_to_none=False)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+
+    def loss_trajectory(self) -> list[float]:
+        """The training loss per optimizer step: the mean of its micro-batches (one sync, at the end)."""
+        if self._loss_log is None or not self.calls:
+            return []
+        values = self._loss_log[: min(self.calls, self._loss_log.numel())].cpu().tolist()
+        a = self.accumulation
+        return [sum(values[i:i + a]) / a for i in range(0, len(values) // a * a, a)]
 
     @property
     def scaler_skips(self) -> int:

@@ -10,7 +10,7 @@ import resource
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -93,6 +93,8 @@ def summarize(
     scaler_skips: int = 0,
     graph_replays: int = 0,
     extras: Optional[dict[str, Any]] = None,
+    losses: Sequence[float] = (),
+    loss_every: int = 1,
 ) -> Measurement:
     """Reduce the windows of one trial to a Measurement.
 
@@ -124,4 +126,6 @@ def summarize(
         scaler_skips=scaler_skips,
         graph_replays=graph_replays,
         extras=dict(extras or {}),
+        losses=tuple(losses),
+        loss_every=loss_every,
     )

@@ -1,0 +1,206 @@
+"""The accuracy verdict: is a trial's training equivalent to fp32's, judged on its loss trajectory and metric.
+
+Pure functions of recorded numbers, so they are tested on their own and replayed on stored studies.
+
+The statistic is the mean training loss over the last quarter of the optimizer steps. The fp32 reference
+runs (two or more seeds at the same global batch) give the seed-to-seed distribution of that statistic; a
+trial is ``degraded`` when its statistic lies above the one-sided 95% prediction interval of that
+distribution (Student's t with n - 1 degrees of freedom: the interval a new run of the reference would
+fall in), widened to a floor of ``LOSS_FLOOR`` of the reference's final loss, so that seeds that happen
+to agree closely do not make the check stricter than rounding noise. The user's metric, when
+reported, is checked as before: a loss over ``max_accuracy_loss`` plus the metric's seed spread is
+``degraded``. A non-finite loss, or a trial whose loss ends well above where it started (by
+``DIVERGED_RISE``) while the reference learned, is ``diverged``; one that merely fails to learn is ``degraded``. With nothing to compare (no loss recorded, no metric), the verdict is
+``unchecked``, never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+VERDICTS: tuple[str, ...] = ("equivalent", "degraded", "diverged", "unchecked")
+INFEASIBLE_VERDICTS = frozenset({"degraded", "diverged"})
+LOSS_FLOOR = 0.02  # of the reference's final loss: the smallest tolerance
+LEARNED_FRACTION = 0.05  # a reference whose loss fell by less than this share of its start did not learn
+SWAMPED_FRACTION = 0.5  # a tolerance above this share of the reference's drop cannot see harm
+DIVERGED_RISE = 0.25  # a loss that ends this share above where it began, while fp32 learned, diverged
+# One-sided 95% quantiles of Student's t by degrees of freedom (1-10); 1.645 beyond.
+_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
+
+
+def t95(dof: int) -> float:
+    """The one-sided 95% quantile of Student's t with ``dof`` degrees of freedom."""
+    return _T95.get(dof, 1.645 if dof > 30 else 1.7)
+
+
+@dataclass(frozen=True)
+class LossSummary:
+    """A loss trajectory reduced to what the verdict compares."""
+
+    first: float  # mean of the first sixteenth of the points (at least one): where training started
+    final: float  # mean over the last quarter of the points
+    points: int
+    finite: bool
+
+    @classmethod
+    def of(cls, losses: Sequence[float]) -> Optional["LossSummary"]:
+        if not losses:
+            return None
+        finite = all(math.isfinite(v) for v in losses)
+        head, tail = list(losses[:max(1, len(losses) // 16)]), list(losses[-max(1, len(losses) // 4):])
+        return cls(first=statistics.fmean(head) if finite else math.nan,
+                   final=statistics.fmean(tail) if finite else math.nan, points=len(losses), finite=finite)
+
+
+@dataclass(frozen=True)
+class ReferenceBand:
+    """What the fp32 reference runs at one global batch reached, seed by seed."""
+
+    firsts: tuple[float, ...] = ()
+    finals: tuple[float, ...] = ()
+    metrics: tuple[Optional[float], ...] = ()
+
+    @classmethod
+    def of(cls, runs: Sequence[tuple[Sequence[float], Optional[float]]]) -> "ReferenceBand":
+        """From ``(losses, metric)`` of each reference seed; runs without a finite trajectory give no loss."""
+        summaries = [LossSummary.of(losses) for losses, _ in runs]
+        usable = [s for s in summaries if s is not None and s.finite]
+        return cls(firsts=tuple(s.first for s in usable), finals=tuple(s.final for s in usable),
+                   metrics=tuple(m for _, m in runs))
+
+    @property
+    def has_losses(self) -> bool:
+        return bool(self.finals)
+
+    @property
+    def mean_final(self) -> float:
+        return statistics.fmean(self.finals)
+
+    @property
+    def drop(self) -> float:
+        """How far the reference's loss fell: first point to last quarter, averaged over seeds."""
+        return statistics.fmean(self.firsts) - self.mean_final
+
+    @property
+    def tolerance(self) -> float:
+        """How far above the references' mean a trial's final loss may lie."""
+        floor = LOSS_FLOOR * abs(self.mean_final)
+        if len(self.finals) < 2:
+            return max(floor, 1e-12)
+        n = len(self.finals)
+        interval = t95(n - 1) * statistics.stdev(self.finals) * math.sqrt(1 + 1 / n)
+        return max(interval, floor, 1e-12)
+
+    @property
+    def metric_values(self) -> list[float]:
+        return [m for m in self.metrics if m is not None]
+
+    @property
+    def metric_band(self) -> float:
+        values = self.metric_values
+        return max(values) - min(values) if len(values) >= 2 else 0.0
+
+    def blind_reasons(self, max_accuracy_loss: float) -> list[str]:
+        """Why this reference cannot tell a harmed config from a clean one, if it cannot."""
+        reasons = []
+        if self.has_losses:
+            start = statistics.fmean(self.firsts)
+            if self.drop < LEARNED_FRACTION * abs(start):
+                reasons.append(f"the fp32 reference's training loss barely fell ({start:.4g} to {self.mean_final:.4g}), "
+                               "so the loss check cannot tell harmed training from clean")
+            elif self.tolerance > SWAMPED_FRACTION * self.drop:
+                reasons.append(f"the seed-to-seed spread of the final loss (tolerance {self.tolerance:.4g}) is more "
+                               f"than half of what the reference learned ({self.drop:.4g})")
+        if len(self.metric_values) >= 2 and self.metric_band > max_accuracy_loss:
+            reasons.append(f"the reference metric's seed spread ({self.metric_band:.4g}) exceeds the bound "
+                           f"max_accuracy_loss={max_accuracy_loss:g}")
+        if not self.has_losses and not self.metric_values:
+            reasons.append("the workload records no training loss and reports no metric")
+        return reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"firsts": list(self.firsts), "finals": list(self.finals), "metrics": list(self.metrics)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReferenceBand":
+        return cls(firsts=tuple(data.get("firsts", ())), finals=tuple(data.get("finals", ())),
+                   metrics=tuple(data.get("metrics", ())))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A trial's accuracy verdict with its one-sentence evidence.
+
+    ``constraint`` is what the study's ``accuracy`` constraint stores: at most 0 when feasible. It is the
+    largest excess over a check's bound, each in its own units (loss above its tolerance; metric loss
+    above its bound), so a metric-only check stores what it always did: metric loss minus its bound.
+    """
+
+    label: str
+    evidence: str
+    accuracy_loss: float = 0.0  # in metric units (0 without a metric)
+    constraint: float = -1.0
+
+    @property
+    def feasible(self) -> bool:
+        return self.label not in INFEASIBLE_VERDICTS
+
+
+def metric_loss(reference: Optional[float], metric: Optional[float], direction: str) -> Optional[float]:
+    """How much worse ``metric`` is than ``reference`` (positive is worse), or None without both."""
+    if reference is None or metric is None:
+        return None
+    return reference - metric if direction == "maximize" else metric - reference
+
+
+def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand, *, reference_metric: Optional[float],
+          max_accuracy_loss: float, metric_direction: str = "maximize") -> Verdict:
+    """Judge one trial against the fp32 references at its global batch.
+
+    Args:
+        losses: The trial's training loss per optimizer step (or per bin of steps).
+        metric: The trial's reported metric, if any.
+        band: The fp32 references at the same global batch.
+        reference_metric: The metric the trial's own-seed reference reached (the study's reference metric).
+        max_accuracy_loss: The bound on the metric loss, in metric units.
+        metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
+    """
+    trial = LossSummary.of(losses)
+    parts: list[str] = []
+    excesses: list[float] = []
+    label = "equivalent"
+    if trial is not None and not trial.finite:
+        return Verdict("diverged", "the training loss became non-finite", math.inf, 1.0)
+    if trial is not None and band.has_losses:
+        tol = band.tolerance
+        excess = trial.final - band.mean_final
+        excesses.append(excess - tol)
+        seeds = len(band.finals)
+        where = (f"final-quarter loss {trial.final:.4g} against fp32 {band.mean_final:.4g} "
+                 f"({seeds} seed{'s' if seeds != 1 else ''}, tolerance +{tol:.3g})")
+        if band.drop > tol and trial.final > trial.first * (1 + DIVERGED_RISE):
+            return Verdict("diverged", f"{where}: it ended above its first loss {trial.first:.4g} while fp32 "
+                           f"fell by {band.drop:.3g}", math.inf, 1.0)
+        if excess > tol:
+            label = "degraded"
+            parts.append(f"{where}: {excess:+.3g} is outside the reference band")
+        else:
+            parts.append(f"{where}: within")
+    elif trial is None:
+        parts.append("no training loss was recorded")
+    loss = metric_loss(reference_metric, metric, metric_direction)
+    if loss is not None:
+        threshold = max_accuracy_loss + band.metric_band
+        excesses.append(loss - threshold)
+        text = f"metric {metric:.4g} against fp32 {reference_metric:.4g} (loss {loss:+.3g}, bound {threshold:.3g})"
+        if loss > threshold:
+            label = "degraded"
+            parts.append(text + ": over the bound")
+        else:
+            parts.append(text + ": within")
+    if not excesses:
+        return Verdict("unchecked", "; ".join(parts + ["no metric was reported: nothing to compare"]), 0.0, -1.0)
+    return Verdict(label, "; ".join(parts), loss or 0.0, max(excesses))

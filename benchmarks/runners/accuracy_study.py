@@ -1,0 +1,107 @@
+"""Run one tuner study and write what its accuracy verdict decided, trial by trial.
+
+    python -m benchmarks.runners.accuracy_study --target autotune.demo:train --space demo_gpu \
+        --study demo-h200 --trials 8 --out OUT.md
+    python -m benchmarks.runners.accuracy_study --report-only --study demo-h200 --out OUT.md
+
+The table lists every trial with its config (micro-batch x accumulation = global batch), throughput,
+accuracy verdict and its evidence, and the markdown ends with the recommendation against the fastest
+config the verdict called equivalent (the issue's "within 5%" question). ``--batch-policy`` overrides the
+space's. Rerunning with the same ``--study`` resumes it; ``--report-only`` writes the report alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+import autotune
+from autotune._api import load_study_result
+from autotune._config import TrialConfig
+from autotune.insight._accuracy import accuracy_lines
+
+
+def verdict_table(study: optuna.Study) -> list[str]:
+    rows = ["| trial | config | samples/s | verdict | evidence |", "|---:|---|---:|---|---|"]
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        if "config" not in a or a.get("status") == "infeasible":
+            continue
+        config = TrialConfig.from_dict(a["config"]).describe()
+        verdict = a.get("accuracy_verdict") or (a.get("status") if a.get("status") != "ok" else "")
+        evidence = a.get("accuracy_evidence") or a.get("error") or a.get("pruned_reason") or ""
+        rate = a.get("throughput") or 0.0
+        rows.append(f"| {t.number} | `{config}` | {rate:,.1f} | {verdict} | {evidence[:220]} |")
+    return rows
+
+
+def fastest_equivalent(study: optuna.Study) -> tuple[int, float] | None:
+    """The fastest single measurement the verdict called equivalent (trial number, samples/s)."""
+    best = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        a = t.user_attrs
+        if a.get("status") == "ok" and a.get("accuracy_verdict") == "equivalent" and "duplicate_of" not in a:
+            if best is None or a["throughput"] > best[1]:
+                best = (t.number, a["throughput"])
+    return best
+
+
+def report(study: optuna.Study, result: autotune.Result, args: argparse.Namespace) -> str:
+    hw = study.user_attrs.get("hardware", {})
+    lines = [
+        f"## Study `{study.study_name}`: `{study.user_attrs.get('target')}`, space `{study.user_attrs.get('space_name')}`",
+        "",
+        f"Date {datetime.date.today()}; {hw.get('gpu_name') or 'CPU'} (driver {hw.get('driver') or '-'}); "
+        f"torch {hw.get('torch')}; Python {platform.python_version()}; optuna {optuna.__version__}.",
+        "",
+        *[f"- {line}" for line in accuracy_lines(study, result.best.number if result.best else None)],
+        "",
+        *verdict_table(study),
+        "",
+    ]
+    fastest = fastest_equivalent(study)
+    if result.best is not None and fastest is not None:
+        number, rate = fastest
+        lines.append(f"Recommended: trial #{result.best.number} `{result.best.config.describe()}` at "
+                     f"{result.best.throughput:,.1f} samples/s (after the top-K re-measurement), "
+                     f"{result.best.throughput / rate:.1%} of the fastest single measurement the verdict called "
+                     f"equivalent (#{number}, {rate:,.1f}); baseline {result.baseline_throughput:,.1f}, "
+                     f"{result.speedup:.2f}x.")
+    rejected = [t for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("accuracy_verdict") in ("degraded", "diverged")]
+    lines.append(f"Rejected by the verdict: {len(rejected)} trial(s)"
+                 + (": " + ", ".join(f"#{t.number}" for t in rejected) if rejected else "") + ".")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", default="autotune.demo:train")
+    parser.add_argument("--space", default="demo_gpu")
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--timeout", type=float)
+    parser.add_argument("--trial-timeout", type=float, default=300.0)
+    parser.add_argument("--batch-policy", choices=("fixed", "scale"))
+    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--studies-dir", default="studies")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if not args.report_only:
+        autotune.run(args.target, space=args.space, n_trials=args.trials, timeout=args.timeout,
+                     study_name=args.study, trial_timeout=args.trial_timeout, batch_policy=args.batch_policy,
+                     top_k=args.top_k, studies_dir=args.studies_dir, progress=False)
+    study, result = load_study_result(args.study, studies_dir=args.studies_dir)
+    text = report(study, result, args)
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

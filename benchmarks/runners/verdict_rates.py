@@ -1,0 +1,107 @@
+"""How often the accuracy verdict is wrong: false alarms on clean twins, misses on planted harm, over seeds.
+
+    python -m benchmarks.runners.verdict_rates --seeds 20 --out benchmarks/results/accuracy-cpu.md
+
+Runs ``benchmarks/workloads/planted.py`` in this process through the real trial entry point (the same
+``TrialContext``, ``ctx.train_step`` and verdict as a study), on the CPU, under ``batch_policy: fixed``
+at a global batch of 64. For each study seed: fp32 references at seeds s and s+1 of each model; the harmed
+model in bf16 at several offsets (the smaller the offset, the smaller the harm); the clean model in bf16 and
+fp32 at micro-batches 64, 32 and 16 (accumulating to 64). A clean twin judged ``degraded`` or ``diverged``
+is a false alarm; a harmed run judged ``equivalent`` is a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from autotune._config import Budget, TrialConfig
+from autotune.study._verdict import LossSummary, ReferenceBand, judge
+from autotune.trial._execute import TrialSpec, execute
+from benchmarks.workloads import planted
+
+BUDGET = Budget(samples=6144, warmup_steps=2, windows=3)
+GLOBAL = 64
+FP32 = TrialConfig(batch_size=GLOBAL, global_batch=GLOBAL)
+CLEAN = [("bf16", 64), ("bf16", 32), ("bf16", 16), ("fp32", 32), ("fp32", 16)]
+OFFSETS = [1024.0, 256.0, 64.0, 16.0]
+
+
+def _run(fn: str, config: TrialConfig, seed: int, offset: float = planted.DEFAULT_OFFSET):
+    os.environ["AUTOTUNE_PLANTED_OFFSET"] = str(offset)
+    outcome = execute(TrialSpec(f"{planted.__file__}:{fn}", config, BUDGET, seed=seed, baseline_batch_size=GLOBAL))
+    if not outcome.ok:
+        raise SystemExit(f"{fn} {config.describe()} seed {seed}: {outcome.status} {outcome.error}")
+    return outcome.measurement
+
+
+def _judge(m, references) -> str:
+    band = ReferenceBand.of([(r.losses, r.metric) for r in references])
+    return judge(m.losses, m.metric, band, reference_metric=references[0].metric, max_accuracy_loss=0.01).label
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    verdicts: dict[str, list[str]] = defaultdict(list)
+    excess: dict[str, list[float]] = defaultdict(list)
+    for seed in range(args.seeds):
+        for offset in OFFSETS:
+            refs = [_run("train_harmed", FP32, seed + r, offset) for r in range(2)]
+            m = _run("train_harmed", FP32.replace(precision="bf16"), seed, offset)
+            key = f"harmed, offset {offset:g}"
+            verdicts[key].append(_judge(m, refs))
+            band = ReferenceBand.of([(r.losses, r.metric) for r in refs])
+            excess[key].append((LossSummary.of(m.losses).final - band.mean_final) / band.tolerance)
+        refs = [_run("train_clean", FP32, seed + r) for r in range(2)]
+        band = ReferenceBand.of([(r.losses, r.metric) for r in refs])
+        for precision, micro in CLEAN:
+            m = _run("train_clean", FP32.replace(precision=precision, batch_size=micro), seed)
+            key = f"clean, {precision} micro-batch {micro}" + (f"x{GLOBAL // micro}" if micro < GLOBAL else "")
+            verdicts[key].append(_judge(m, refs))
+            excess[key].append((LossSummary.of(m.losses).final - band.mean_final) / band.tolerance)
+        print(f"seed {seed} done ({time.perf_counter() - started:,.0f} s)", flush=True)
+    rows = ["| runs | expected | equivalent | degraded | diverged | wrong | wrong rate | loss excess / tolerance, median (min-max) |",
+            "|---|---|---:|---:|---:|---:|---:|---|"]
+    for key, labels in verdicts.items():
+        expected = "degraded" if key.startswith("harmed") else "equivalent"
+        wrong = sum(1 for v in labels if (v == "equivalent") == (expected == "degraded"))
+        e = excess[key]
+        rows.append(f"| {key} | {expected} | {labels.count('equivalent')} | {labels.count('degraded')} | "
+                    f"{labels.count('diverged')} | {wrong} | {wrong / len(labels):.0%} | "
+                    f"{statistics.median(e):+.2f} ({min(e):+.2f} to {max(e):+.2f}) |")
+    text = "\n".join([
+        "# The accuracy verdict on planted harm, on a CPU",
+        "",
+        f"Command: `python -m benchmarks.runners.verdict_rates --seeds {args.seeds} --out {args.out}`. "
+        f"Date {datetime.date.today()}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"torch {torch.__version__}; {time.perf_counter() - started:,.0f} s.",
+        "",
+        f"Workload `benchmarks/workloads/planted.py`: an MLP regression whose hidden activations pass through "
+        f"`(h + offset) - offset`, exact in fp32 and rounded to a grid by bf16; the clean twin has no offset. "
+        f"`batch_policy: fixed` at a global batch of {GLOBAL}, {BUDGET.samples} samples "
+        f"({BUDGET.samples // GLOBAL} optimizer steps), Adam lr 0.01, two fp32 reference seeds (s, s+1) per study "
+        f"seed s, `max_accuracy_loss` 0.01 on the held-out R². {args.seeds} study seeds per row. 'loss excess / "
+        "tolerance' is the trial's final-quarter loss above the references' mean, in units of the verdict's "
+        "tolerance: above +1 is outside the band.",
+        "",
+        *rows,
+        "",
+    ])
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A GPT-style language model (6 layers, d_model 512, 8 heads, 512 tokens, vocabulary 32,000: the shape of
+``benchmarks/tables/gpt_h200.jsonl``) on synthetic token streams it can learn.
+
+Each sequence follows a fixed random successor map over 1,024 of the vocabulary's tokens: the next token is
+the current token's successor 90% of the time and a random one of the 1,024 otherwise. The loss falls from
+ln(32000) = 10.4 towards the stream's entropy (about 1.0 nats), so the loss trajectory and the held-out
+next-token accuracy are real, learnable signals. AdamW at lr 3e-4, not scaled with the batch.
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from benchmarks.tables.sweep import GPT, GPT_FULL
+
+ACTIVE_TOKENS = 1024
+FOLLOW = 0.9
+
+
+def _streams(n: int, *, seed: int, device: torch.device) -> torch.Tensor:
+    """``n`` sequences of ``GPT_FULL.seq + 1`` tokens; the successor map is fixed, ``seed`` draws the streams."""
+    fixed = torch.Generator().manual_seed(1234)
+    tokens = torch.randperm(GPT_FULL.vocab, generator=fixed)[:ACTIVE_TOKENS]
+    successor = torch.randperm(ACTIVE_TOKENS, generator=fixed)
+    gen = torch.Generator().manual_seed(seed)
+    length = GPT_FULL.seq + 1
+    index = torch.empty(n, length, dtype=torch.long)
+    index[:, 0] = torch.randint(0, ACTIVE_TOKENS, (n,), generator=gen)
+    jumps = torch.rand(n, length, generator=gen) > FOLLOW
+    random_next = torch.randint(0, ACTIVE_TOKENS, (n, length), generator=gen)
+    for t in range(1, length):
+        index[:, t] = torch.where(jumps[:, t], random_next[:, t], successor[index[:, t - 1]])
+    return tokens[index].to(device)
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class _Sequences:
+    """Micro-batches sliced in order from a pool already on the device (the same samples at any micro-batch)."""
+
+    def __init__(self, pool: torch.Tensor, batch_size: int) -> None:
+        self.pool, self.batch_size = pool, batch_size
+
+    def __iter__(self):
+        for start in range(0, len(self.pool) - self.batch_size + 1, self.batch_size):
+            chunk = self.pool[start:start + self.batch_size]
+            yield chunk[:, :-1], chunk[:, 1:]
+
+
+def train(ctx) -> None:
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(GPT(GPT_FULL))
+    optimizer = ctx.optimizer(torch.optim.AdamW, model.parameters(), lr=3e-4, weight_decay=0.1)
+    step = ctx.train_step(model, optimizer, _loss)
+    pool = _streams(1024, seed=ctx.seed, device=ctx.device)
+    for ids, targets in ctx.batches(_Sequences(pool, ctx.config.batch_size)):
+        step(ids, targets)
+    test = _streams(64, seed=10_000, device=ctx.device)
+    correct = 0
+    model.eval()
+    with torch.no_grad(), ctx.autocast():
+        for start in range(0, len(test), 8):
+            chunk = test[start:start + 8]
+            correct += (model(chunk[:, :-1]).argmax(-1) == chunk[:, 1:]).sum().item()
+    ctx.report_metric(correct / test[:, 1:].numel())
