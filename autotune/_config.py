@@ -25,7 +25,8 @@ LOADERS: tuple[str, ...] = ("torch", "dali")
 TORCH_LOADER_KNOBS: tuple[str, ...] = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
 
-Status = Literal["ok", "pruned", "oom", "timeout", "crash", "cuda_fatal", "nan", "error"]
+# compile_timeout: torch.compile ran past its own deadline (the compile mode is slow for this model, not broken).
+Status = Literal["ok", "pruned", "oom", "timeout", "compile_timeout", "crash", "cuda_fatal", "nan", "error"]
 
 # "fixed": every trial trains at the study's global batch, the batch_size knob is the micro-batch and
 # gradients are accumulated over global / micro micro-batches, so every trial takes the same optimizer

@@ -46,6 +46,15 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="superseded by --batch-policy: 'batch' (fp32 references at each trial's batch size) "
                         "selects --batch-policy scale")
     p.add_argument("--trial-timeout", type=_positive_float, default=600.0, help="seconds per trial (default 600)")
+    p.add_argument("--compile-timeout", type=_positive_float, metavar="SECONDS",
+                   help="seconds a trial may spend in torch.compile before it ends as compile_timeout "
+                        "(default: half the trial timeout)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--train-minutes", type=_positive_float, metavar="M",
+                        help="how long the real training runs: max-autotune compile modes are tried only when "
+                             "it pays for their compile (undeclared: they are left out)")
+    length.add_argument("--train-steps", type=_positive_int, metavar="N",
+                        help="the same as optimizer steps at the baseline's batch size")
     p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
                    help="CPU only: address space a trial may add, so a too-large batch fails as oom")
     p.add_argument("--confirm-samples", type=_positive_int,
@@ -79,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--study", required=True)
     worker.add_argument("--storage", required=True, help="the study's storage URL (postgresql://..., journal:PATH, ...)")
     worker.add_argument("--trial-timeout", type=_positive_float, default=600.0)
+    worker.add_argument("--compile-timeout", type=_positive_float, metavar="SECONDS")
     worker.add_argument("--memory-limit", type=_positive_float, metavar="GIB")
     worker.add_argument("--grace-period", type=_positive_int, default=60)
     worker.add_argument("--studies-dir", default="studies")
@@ -126,6 +136,7 @@ _TUNER_OPTIONS = {
     "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
+    "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
 }
 
 
@@ -196,6 +207,8 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
                "--studies-dir", args.studies_dir, "--no-progress"]
     if args.memory_limit:
         command += ["--memory-limit", str(args.memory_limit)]
+    if args.compile_timeout:
+        command += ["--compile-timeout", str(args.compile_timeout)]
     procs = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
     try:
         codes = [p.wait() for p in procs]
@@ -252,7 +265,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         for device, record in sorted(result.best_per_device.items()):
             console.print(f"  {device}: {record.throughput:,.1f}/s  {record.config.describe()} (trial #{record.number})")
     if result.removed_knobs:
-        console.print("Removed by the capability probe: " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
+        console.print("Removed before the search (capability probe, compile break-even): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
     console.print(f"Best config written to {result.best_config_path}")
     from autotune.study._storage import default_storage_url, mask_url
 

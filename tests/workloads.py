@@ -122,6 +122,25 @@ def leave_grandchild(ctx) -> None:
     train_tiny(ctx)
 
 
+def compile_with_grandchild(ctx) -> None:
+    """train_tiny (a real torch.compile when the config compiles) with a grandchild that must not survive."""
+    _spawn_sleeper()
+    train_tiny(ctx)
+
+
+def compile_in_own_loop(ctx) -> None:
+    """A hand-written loop (no ctx.batches) around a model that ctx.model compiles; windows by hand."""
+    model = ctx.model(tiny_model())
+    optimizer = PlainSGD(model.parameters(), lr=0.1)
+    x, y = dataset(ctx.config.batch_size).tensors
+    for _ in range(4):
+        start = time.perf_counter()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        ctx.record_window(len(x), time.perf_counter() - start)
+
+
 def nan_loss(ctx) -> None:
     """A workload whose loss is NaN from the first step."""
     model = ctx.model(tiny_model())

@@ -1,5 +1,9 @@
 """One process per trial, from the coordinator's side: its own process group, a wall-clock limit, reaping.
 
+A compiling trial also has a compile deadline: the coordinator polls the compile clock the trial keeps
+in its workdir (``autotune.trial._phase``) and ends the trial as ``compile_timeout`` once torch.compile
+has worked longer than that.
+
 Trial processes are forked from a forkserver that has already imported torch (but never touched
 CUDA), so isolation does not cost a torch import per trial. Each child starts its own session, so a
 timeout kills the whole group, DataLoader workers included.
@@ -18,8 +22,10 @@ from typing import Any, Optional
 
 from autotune._config import TrialOutcome
 from autotune.trial._execute import TrialSpec, _child
+from autotune.trial._phase import read_compile_seconds
 
 STDERR_TAIL_CHARS = 2000
+COMPILE_POLL_SECONDS = 0.25  # how often a compiling trial's clock is read: the deadline's resolution
 
 
 _CONTEXT: Optional[Any] = None
@@ -75,33 +81,57 @@ def _kill_group(pid: int) -> None:
             pass
 
 
-def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float) -> TrialOutcome:
-    """Run one trial in a fresh process under a wall-clock limit.
+def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
+                 compile_timeout: Optional[float] = None) -> TrialOutcome:
+    """Run one trial in a fresh process under a wall-clock limit, and its compiles under their own.
 
     Args:
         spec: What to run.
-        workdir: Where the trial's log (stdout and stderr) and result file go.
+        workdir: Where the trial's log (stdout and stderr), compile clock and result file go.
         timeout: Seconds before the trial's whole process group is killed.
+        compile_timeout: Seconds of torch.compile work (as the trial's compile clock counts them) before
+            the group is killed and the trial ends as ``compile_timeout``; ``None``: no compile deadline.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     result_path = workdir / "result.json"
     log_path = workdir / "trial.log"
-    for stale in (result_path, log_path):
+    clock_path = workdir / "compile_clock.json"
+    for stale in (result_path, log_path, clock_path):
         stale.unlink(missing_ok=True)
     start = time.perf_counter()
     proc = _mp_context().Process(
         target=_child,
-        args=(spec, str(result_path), str(log_path), os.getpid(), dict(os.environ)),
+        args=(spec, str(result_path), str(log_path), os.getpid(), dict(os.environ), str(clock_path)),
         daemon=False,
     )
     proc.start()
     assert proc.pid is not None
-    proc.join(timeout)
+    watch_compile = compile_timeout is not None and spec.config.compile != "off"
+    compile_over: Optional[tuple[str, float]] = None
+    if watch_compile:
+        assert compile_timeout is not None
+        while compile_over is None:
+            left = timeout - (time.perf_counter() - start)
+            if left <= 0:
+                break
+            proc.join(min(COMPILE_POLL_SECONDS, left))
+            if not proc.is_alive():
+                break
+            mode, seconds = read_compile_seconds(str(clock_path))
+            if seconds > compile_timeout:
+                compile_over = (mode or spec.config.compile, seconds)
+    else:
+        proc.join(timeout)
     timed_out = proc.is_alive()
-    _kill_group(proc.pid)  # on timeout, and to reap anything a finished trial left behind
+    _kill_group(proc.pid)  # on a deadline, and to reap anything a finished trial left behind
     proc.join()
     wall = time.perf_counter() - start
     tail = _tail(log_path)
+    if compile_over is not None:
+        mode, seconds = compile_over
+        return TrialOutcome("compile_timeout", stderr_tail=tail, wall_seconds=wall,
+                            error=f"compile={mode} still compiling after {seconds:.0f}s "
+                                  f"(compile timeout {compile_timeout:g}s)")
     if timed_out:
         return TrialOutcome("timeout", error=f"no result within {timeout:.0f}s", stderr_tail=tail, wall_seconds=wall)
     if result_path.exists():

@@ -223,6 +223,10 @@ class TrialLoop:
             trial.set_user_attr("signal", outcome.signal)
         if outcome.status == "nan":
             record_verdict(trial, "diverged", f"the training loss or metric was not finite ({outcome.error})")
+        if outcome.status == "compile_timeout":
+            # That compile mode is slow for this model, not the config broken (search/_compile reads these).
+            trial.set_user_attr("compile_mode", config.compile)
+            trial.set_user_attr("compile_timeout_seconds", self.runner.compile_timeout)
         for key in ("throughput", "data_wait_fraction", "peak_memory_gib"):
             trial.set_user_attr(key, 0.0)
         trial.set_user_attr("accuracy_loss", math.inf)

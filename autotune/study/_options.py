@@ -20,6 +20,7 @@ from autotune._records import DEFAULT_STUDIES_DIR
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
 ACCURACY_REFERENCES = ("baseline", "batch")
 MODES = ("tune", "create", "join")
+COMPILE_TIMEOUT_SHARE = 0.5  # the default compile timeout, as a share of the trial timeout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +74,12 @@ class SearchOptions:
         batch_policy: ``"fixed"`` keeps the baseline's global batch in every trial (the batch knob is the
             micro-batch, gradients accumulate); ``"scale"`` lets the global batch follow the batch knob,
             judged against fp32 at each global batch. ``None`` keeps the space's (``fixed`` unless it says).
+        train_minutes: How long the real training with the chosen config will run (minutes). With
+            ``train_steps``, the declared training length: the ``max-autotune*`` compile modes stay in
+            the space only when it pays for their compile (``autotune.search._compile``); undeclared, they
+            are removed.
+        train_steps: The same as optimizer steps at the baseline's batch size (converted to minutes at the
+            fastest rate measured when the study is created).
     """
 
     space: Any = None
@@ -83,12 +90,19 @@ class SearchOptions:
     default_spaces: tuple[str, str] = ("cpu_default", "gpu_default")
     capabilities: Any = None
     batch_policy: Optional[str] = None
+    train_minutes: Optional[float] = None
+    train_steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.batch_policy is not None and self.batch_policy not in BATCH_POLICIES:
             raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}")
         if self.n_trials < 1:
             raise ValueError("n_trials must be at least 1")
+        if self.train_minutes is not None and self.train_steps is not None:
+            raise ValueError("declare the training length once: train_minutes or train_steps")
+        if (self.train_minutes is not None and not self.train_minutes > 0) or (
+                self.train_steps is not None and self.train_steps < 1):
+            raise ValueError("train_minutes and train_steps must be positive")
         if self.prune_below is not None and not 0 <= self.prune_below < 1:
             raise ValueError("prune_below must be a fraction in [0, 1)")
         object.__setattr__(self, "prune_below", self.prune_below or None)
@@ -133,10 +147,27 @@ class TrialOptions:
         trial_timeout: Wall-clock seconds before a trial's process group is killed.
         memory_limit_gib: On CPU, address space a trial may add beyond its start (a device-memory
             stand-in that turns a too-large batch into an out-of-memory failure, not a host OOM kill).
+        compile_timeout: Seconds a compiling trial may spend in torch.compile before its process group is
+            killed and it ends as ``compile_timeout`` (that mode is then slow for this model, not broken).
+            ``None`` is half of ``trial_timeout`` (300 s at the default): 5-7x the 40-64 s that cold
+            default-mode compiles of ResNet-50 took on an H200, while a compile that would eat more than
+            half of the trial's limit is stopped before it spends the rest. Compiles inside
+            ``ctx.batches`` and any TorchDynamo compile (a hand-written loop, a recompile on a new shape)
+            count; see ``autotune.trial._phase``.
     """
 
     trial_timeout: float = 600.0
     memory_limit_gib: Optional[float] = None
+    compile_timeout: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if self.compile_timeout is not None and self.compile_timeout <= 0:
+            raise ValueError("compile_timeout must be positive")
+
+    @property
+    def compile_deadline(self) -> float:
+        """The compile timeout in force: the one given, else ``COMPILE_TIMEOUT_SHARE`` of the trial's."""
+        return self.compile_timeout if self.compile_timeout is not None else COMPILE_TIMEOUT_SHARE * self.trial_timeout
 
 
 @dataclass(frozen=True, kw_only=True)

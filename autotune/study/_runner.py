@@ -20,16 +20,19 @@ class TrialRunner:
         budget: The space's per-trial budget.
         timeout: Wall-clock seconds before a trial's process group is killed.
         memory_limit_gib: On CPU, address space a trial may add (see ``TrialOptions``).
+        compile_timeout: Seconds a trial may spend in torch.compile (see ``TrialOptions``); ``None``: no limit
+            but the trial's.
     """
 
     def __init__(self, *, target: str, logdir: Path, baseline: TrialConfig, budget: Budget, timeout: float,
-                 memory_limit_gib: Optional[float] = None) -> None:
+                 memory_limit_gib: Optional[float] = None, compile_timeout: Optional[float] = None) -> None:
         self.target = target
         self.logdir = logdir
         self.baseline = baseline
         self.budget = budget
         self.timeout = timeout
         self.memory_limit_gib = memory_limit_gib
+        self.compile_timeout = compile_timeout
 
     def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
              prune_below: Optional[float] = None) -> TrialSpec:
@@ -47,4 +50,5 @@ class TrialRunner:
             prune_below: Optional[float] = None, timeout: Optional[float] = None) -> TrialOutcome:
         """Run ``config`` with its log in ``logdir/workdir``."""
         return run_isolated(self.spec(config, seed=seed, budget=budget, prune_below=prune_below),
-                            workdir=self.logdir / workdir, timeout=timeout or self.timeout)
+                            workdir=self.logdir / workdir, timeout=timeout or self.timeout,
+                            compile_timeout=self.compile_timeout)

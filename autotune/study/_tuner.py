@@ -20,7 +20,7 @@ from autotune._config import Measurement, Result, TrialConfig
 from autotune._errors import StudyError
 from autotune._records import study_dir, summarize_study
 from autotune._target import target_of
-from autotune.search import _space
+from autotune.search import _compile, _space
 from autotune.search._sampler import GuidedSampler
 from autotune.study._confirm import confirm_long, confirm_top_k
 from autotune.study._isolation import start_trial_server
@@ -61,6 +61,7 @@ class Tuner:
         self.options = (options or TunerOptions()).with_keywords(**keywords)
         self.study_name = self.options.study.study_name or self.target.rpartition(":")[2]
         self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
+        self._compile_plan: Optional[_compile.CompilePlan] = None
 
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
@@ -152,12 +153,36 @@ class Tuner:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "n_trials": self.options.search.n_trials,
             "prune_below": self.options.search.prune_below,
+            "train_minutes": self.options.search.train_minutes,
+            "train_steps": self.options.search.train_steps,
+            "compile_break_even": self._compile_plan.to_dict() if self._compile_plan else None,
+            "compile_timeout_seconds": self.options.trial.compile_deadline,
             **reference,
         }
         for key, value in attrs.items():
             study.set_user_attr(key, value)
         self._add_baseline_trial(study, space, reference)
         return study
+
+    def _plan_compiles(self, space: _space.SearchSpace, reference: dict[str, Any]) -> _space.SearchSpace:
+        """Leave out the ``max-autotune*`` modes that the declared training length does not pay for."""
+        search, measured = self.options.search, reference["reference_measurement"]
+        baseline = TrialConfig.from_dict(reference["baseline_config"])
+        self._compile_plan = _compile.plan_expensive_compiles(
+            space, _compile.TrainingLength(minutes=search.train_minutes, steps=search.train_steps),
+            samples_per_second=float(measured["throughput"]),
+            default_compile_seconds=measured.get("compile_seconds") if baseline.compile == "default" else None,
+        )
+        return _compile.restrict_expensive_compiles(space, self._compile_plan)
+
+    def _stored_compile_plan(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
+        """A resumed study keeps the expensive-compile decision it was created with (its space is that one)."""
+        if not study_exists(storage, self.study_name):
+            return space
+        stored = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs.get("compile_break_even")
+        if not stored:
+            return space
+        return _compile.restrict_expensive_compiles(space, _compile.CompilePlan.from_dict(stored))
 
     def _add_baseline_trial(self, study: optuna.Study, space: _space.SearchSpace, reference: dict[str, Any]) -> None:
         """Record the first reference run as trial 0, so the untuned config competes like any other.
@@ -224,16 +249,20 @@ class Tuner:
             opts = self.options
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
+            space = self._stored_compile_plan(storage, space)
             study = self._load_existing(storage, space)
         studies_dir = opts.study.studies_dir
         runner = TrialRunner(target=self.target, logdir=study_dir(self.study_name, studies_dir) / "logs",
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
-                             memory_limit_gib=opts.trial.memory_limit_gib)
+                             memory_limit_gib=opts.trial.memory_limit_gib,
+                             compile_timeout=opts.trial.compile_deadline)
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
         with _Progress(opts.study.progress, opts.search.n_trials) as ui:
             if study is None or "reference_metrics" not in study.user_attrs:
                 reference = references.baseline(ui)
                 if study is None:
+                    # After the reference: a length in steps is converted at its measured rate.
+                    space = self._plan_compiles(space, reference)
                     study = self._create(storage, space, caps, reference)
                 else:
                     for key, value in reference.items():

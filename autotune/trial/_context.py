@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _images, _knobs
+from autotune.trial import _images, _knobs, _phase
 from autotune._config import Budget, Measurement, TrialConfig
 from autotune._errors import KnobError
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
@@ -268,7 +268,13 @@ class TrialContext:
             batch = self._move(batch)
             wait = time.perf_counter() - fetch
             stalls.end(mark, wait)
-            yield batch
+            if step == 0 and self.config.compile != "off":
+                # The first compiled step compiles: it runs on the compile clock (the compile deadline).
+                with _phase.compiling():
+                    yield batch
+                    synchronize(self.device)
+            else:
+                yield batch
             samples = _batch_len(batch)
             epoch_samples += samples
             self._steps_done += 1

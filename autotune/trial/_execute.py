@@ -82,14 +82,22 @@ def _limit_address_space(extra_gib: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-def execute(spec: TrialSpec) -> TrialOutcome:
-    """Run one trial in this process and classify how it ended. Used by the trial child."""
+def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialOutcome:
+    """Run one trial in this process and classify how it ended. Used by the trial child.
+
+    Args:
+        spec: What to run.
+        compile_clock_path: Where to keep the compile clock the coordinator's compile deadline reads
+            (only when the config compiles).
+    """
     import torch
 
-    from autotune.trial import _knobs
+    from autotune.trial import _knobs, _phase
     from autotune.trial._context import TrialContext, TrialPruned
 
     start = time.perf_counter()
+    if compile_clock_path is not None and spec.config.compile != "off":
+        _phase.install(compile_clock_path, spec.config.compile)
     try:
         fn = load_target(spec.target)
         device = _knobs.pick_device()
@@ -149,7 +157,8 @@ def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="autotune-coordinator-watch", daemon=True).start()
 
 
-def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, environ: dict[str, str]) -> None:
+def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, environ: dict[str, str],
+           compile_clock_path: Optional[str] = None) -> None:
     os.setsid()  # own process group: the parent kills it whole, DataLoader workers included
     _die_with_coordinator(coordinator)
     if sys.platform.startswith("linux"):
@@ -169,7 +178,7 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     os.environ.update(environ)
     if spec.env:
         os.environ.update(spec.env)
-    outcome = execute(spec)
+    outcome = execute(spec, compile_clock_path)
     tmp = result_path + ".tmp"
     with open(tmp, "w") as fh:
         json.dump(outcome.to_dict(), fh)
