@@ -125,7 +125,8 @@ class CostModel:
     Attributes:
         overhead: Median overhead seconds seen (``PRIOR_OVERHEAD_S`` before any).
         fresh_compile: Mode -> median fresh compile seconds seen.
-        cached_compile: Compile group -> least compile seconds seen at it.
+        cached_compile: Compile group -> predicted compile seconds there: the least of the compiles after
+            the first, or ``CACHED_COMPILE_SHARE`` of the first.
         capture: Median capture seconds seen with graphs on (``PRIOR_CAPTURE_S`` before any).
         samples: Median samples per trial seen (0 before any: steady time unknown).
         rate: Median throughput seen (None before any).
@@ -144,15 +145,19 @@ class CostModel:
         timed = [s for s in seen if s.seconds is not None]
         overheads = [s.overhead_seconds for s in timed if s.overhead_seconds is not None]
         fresh: dict[str, list[float]] = {}
-        cached: dict[str, float] = {}
+        first: dict[str, float] = {}
+        again: dict[str, list[float]] = {}
         for s in timed:
             group = compile_group(s.params)
             if group is None or s.compile_seconds <= 0:
                 continue
-            if group not in cached:
+            if group in first:
+                again.setdefault(group, []).append(s.compile_seconds)
+            else:
                 fresh.setdefault(s.params.get("compile", "off"), []).append(s.compile_seconds)
-                cached[group] = s.compile_seconds
-            cached[group] = min(cached[group], s.compile_seconds)
+                first[group] = s.compile_seconds
+        # A compile at a seen group hits the caches: as measured there, else the share of its fresh compile.
+        cached = {g: min(again[g]) if g in again else seconds * CACHED_COMPILE_SHARE for g, seconds in first.items()}
         captures = [s.capture_seconds for s in timed if s.params.get("cuda_graphs") and s.capture_seconds > 0]
         counts = [s.samples for s in timed if s.samples]
         rates = [s.throughput for s in timed if s.throughput]

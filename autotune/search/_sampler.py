@@ -229,7 +229,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         worse = self._clearly_worse(seen)
         first, later = self._tiers(seen, best)
         deferred = self._past_slower(seen, anchor, best)
-        cost = CostModel.fit(s.cost for s in seen if s.cost is not None)
+        priced = [s.cost for s in seen if s.cost is not None]
+        cost = CostModel.fit(priced) if priced else None  # nothing timed yet (replay without seconds): gain alone
 
         def ranked(knobs: Sequence[str]) -> list[dict[str, Any]]:
             return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred), anchor, knobs,
@@ -270,7 +271,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return first, [k for k in self._order if k not in first]
 
     def _ranked(self, candidates: Iterator[dict[str, Any]], anchor: dict[str, Any], knobs: Sequence[str],
-                seen: list[_Seen], cost: CostModel, best: Optional[_Seen]) -> list[dict[str, Any]]:
+                seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen]) -> list[dict[str, Any]]:
         """Single-knob moves by expected gain per predicted second, the walk's order breaking ties.
 
         The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
@@ -290,7 +291,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
             if name in flat:
                 gain *= 0.25
-            seconds = max(1e-3, cost.predict({**extra, **candidate}, rate))
+            seconds = max(1e-3, cost.predict({**extra, **candidate}, rate)) if cost is not None else 1.0
             scored.append((-gain / seconds, i, candidate))
         return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
 

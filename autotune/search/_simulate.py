@@ -459,8 +459,8 @@ def replay_env(table: Union[str, Path], *, noise: float = 0.0,
         script: ``{json of a config's table params (sorted keys): [factor, factor, ...]}``; the n-th run
             of that config is multiplied by the n-th factor (1.0 once they run out), across processes.
         state_dir: Where the scripted factors' consumption is counted (required with ``script``).
-        time_scale: Spend this share of a row's ``compile_seconds`` as the trial's compile, for real
-            (0: none), so a real study's clock and cost model see it.
+        time_scale: Spend this share of a row's ``compile_seconds`` as the trial's compile, for real, and
+            the timed windows in full (0: no time passes), so a real study's clock and cost model see them.
     """
     env = {REPLAY_TABLE_ENV: str(table), REPLAY_NOISE_ENV: str(noise), REPLAY_TIME_SCALE_ENV: str(time_scale)}
     if script:
@@ -505,7 +505,7 @@ def replay_train(ctx: Any) -> None:
     records the budget's windows at the table's throughput (times the noise or scripted factor) and
     reports ``1 - accuracy_loss`` as the metric. A row's ``data_wait_fraction`` becomes the windows' input
     wait; with ``AUTOTUNE_REPLAY_TIME_SCALE`` set, that share of its ``compile_seconds`` is slept as the
-    first step of a compiled config. Hopeless-trial pruning and every tuner path run as real.
+    first step of a compiled config, and the windows are slept in full. Hopeless-trial pruning and every tuner path run as real.
     """
     import os
     import time
@@ -532,5 +532,7 @@ def replay_train(ctx: Any) -> None:
         ctx.recorder.first_step_seconds = time.perf_counter() - begin + samples / rate / steps
     wait = min(1.0, row.data_wait_fraction or 0.0)
     for _ in range(ctx.budget.windows if ctx.budget else 1):
+        if scale:
+            time.sleep(samples / rate)  # the window itself, in full: the clock then sees the samples' time
         ctx.record_window(samples, samples / rate, steps=steps, data_wait_seconds=wait * samples / rate)
     ctx.report_metric(1.0 - (row.accuracy_loss or 0.0))
