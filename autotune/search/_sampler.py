@@ -275,9 +275,11 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         """Single-knob moves by expected gain per predicted second, the walk's order breaking ties.
 
         The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
-        knob nearer the incumbent, and quartered where measured pairs show the knob barely matters.
+        knob nearer the incumbent, and quartered where measured pairs show the knob barely matters, or show
+        the value slower than the incumbent's (at another point: the same point is the clearly-worse rule).
         """
         flat = self._barely_matters(seen)
+        slower = self._measured_slower(seen)
         extra = {"compile": best.cost.params["compile"]} if (
             best is not None and best.cost is not None and "compile" in best.cost.params
             and "compile" not in self._space) else {}
@@ -291,9 +293,27 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
             if name in flat:
                 gain *= 0.25
+            if (name, self._key([candidate[name]]), self._key([anchor[name]])) in slower:
+                gain *= 0.25  # a pair elsewhere measured this value slower than the incumbent's
             seconds = max(1e-3, cost.predict({**extra, **candidate}, rate)) if cost is not None else 1.0
             scored.append((-gain / seconds, i, candidate))
         return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
+
+    def _measured_slower(self, seen: list[_Seen]) -> set[tuple[str, str, str]]:
+        """(knob, value, other) keyed by ``_key([...])`` where a measured pair differing only in that knob
+        shows ``value`` slower than ``other``."""
+        out = set()
+        ran = [s for s in seen if s.value]
+        for name in self._order:
+            groups: dict[str, list[_Seen]] = {}
+            for s in ran:
+                if name in s.params:
+                    groups.setdefault(self._rest_key(s.params, name), []).append(s)
+            for members in groups.values():
+                for a, b in itertools.permutations(members, 2):
+                    if a.params[name] != b.params[name] and (a.value or 0) < (b.value or 0):
+                        out.add((name, self._key([a.params[name]]), self._key([b.params[name]])))
+        return out
 
     def _barely_matters(self, seen: list[_Seen]) -> set[str]:
         """Knobs whose measured pairs (differing only in that knob), on two lines or more, are all within a
