@@ -350,11 +350,15 @@ def _simulate(args: argparse.Namespace) -> int:
     best = table.best(args.max_accuracy_loss)
     out = Table(title=f"{table.name}: {len(table)} rows of {table.size} configs; best {best.throughput:,.1f}/s",
                 caption=f"{args.trials} trials, {args.seeds} seeds, noise +-{args.noise:g}; "
-                        f"a run that never reaches 95% counts as {args.trials + 1}")
-    for column in ("strategy", "trials to 95% (median)", "(worst)", f"best fraction after {args.trials}"):
+                        f"a run that never reaches 95% counts as {args.trials + 1}"
+                        + ("" if table.has_seconds else "; the table records no trial_seconds: no minutes"))
+    for column in ("strategy", "trials to 95% (median)", "(worst)", "minutes to 95% (median)", "(worst)",
+                   f"best fraction after {args.trials}"):
         out.add_column(column, justify="left" if column == "strategy" else "right")
     for s in summaries:
-        out.add_row(s.strategy, f"{s.trials_to_95_median:g}", str(s.trials_to_95_worst), f"{s.best_fraction_median:.3f}")
+        minutes = [f"{m:.1f}" if m is not None else "-" for m in (s.minutes_to_95_median, s.minutes_to_95_worst)]
+        out.add_row(s.strategy, f"{s.trials_to_95_median:g}", str(s.trials_to_95_worst), *minutes,
+                    f"{s.best_fraction_median:.3f}")
     Console().print(out)
     return 0
 

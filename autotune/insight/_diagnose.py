@@ -190,6 +190,9 @@ def diagnose(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]] = ()) -> O
     rx = gpu_reading(m, "pcie_rx_mb_s.mean")
     if rx is not None:
         numbers["pcie_rx_mb_s"] = rx
+    four_d = m.get("extra:activations_4d", m.get("activations_4d"))
+    if isinstance(four_d, bool):
+        numbers["activations_4d"] = four_d  # what the hints may suggest (channels_last needs 4-D activations)
 
     if wait >= DATA_WAIT_HIGH and measured and util >= UTIL_HIGH:
         # The host waited for batches while the GPU still ran the work queued before: loading overlapped
@@ -257,11 +260,17 @@ def next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
     c = dict(config)
     if diagnosis.bottleneck == INPUT_BOUND:
         workers = c.get("num_workers", 0)
-        tips = ["more DataLoader workers" + (f" (it uses {workers})" if workers else " (it loads in the main process)")]
+        tips = ["more DataLoader workers, up to the cores the process may use"
+                + (f" (it uses {workers})" if workers else " (it loads in the main process)")]
+        if workers:
+            tips.append("a larger prefetch_factor")
+            if not c.get("persistent_workers"):
+                tips.append("persistent_workers (no restart each epoch)")
         if not c.get("pin_memory"):
             tips.append("pinned memory")
-        tips.append("NVIDIA DALI (the `dali` extra) to decode and augment on the GPU")
-        return f"{INPUT_BOUND}: try " + ", ".join(tips) + "; or keep the data on the GPU."
+        if c.get("loader") != "dali":
+            tips.append("NVIDIA DALI (the `dali` extra) to decode and augment image data on the GPU")
+        return f"{INPUT_BOUND}: try " + ", ".join(tips) + "; or keep a small dataset on the device."
     if diagnosis.bottleneck == LAUNCH_BOUND:
         tips = []
         if not c.get("cuda_graphs"):
@@ -276,18 +285,22 @@ def next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
             tips.append("bf16 autocast (half the activation memory)")
         if c.get("memory_fraction", 1.0) < 1.0:
             tips.append("a larger memory_fraction")
+        tips.append("a smaller micro-batch with gradient accumulation, then larger batches as memory allows")
         tips.append("activation checkpointing to trade compute for memory")
         return f"{MEMORY_CAPACITY_BOUND}: larger batches do not fit; try " + ", ".join(tips) + "."
     if not diagnosis.gpu_readings:
         return (f"{diagnosis.label}: on a CPU try cpu_threads and bf16; run the study on the target GPU "
                 "for a measured diagnosis.")
+    four_d = diagnosis.numbers.get("activations_4d")
     tips = []
     if c.get("precision", "fp32") in ("fp32", "tf32"):
         tips.append("bf16 autocast")
-    if not c.get("channels_last"):
-        tips.append("channels_last")
+    if not c.get("channels_last") and four_d is not False:
+        tips.append("channels_last")  # only a model with 4-D activations (convolutions) has a memory format
     if c.get("compile", "off") == "off":
         tips.append("torch.compile")
+    if four_d is False:
+        tips.append("a fused optimizer (fused=True)")  # without convolutions, the optimizer's many small kernels
     if tips:
         return f"{COMPUTE_BOUND}: the GPU is busy; less work per sample helps: try " + ", ".join(tips) + "."
     return (f"{COMPUTE_BOUND}: the GPU is busy with the cheapest precision and layout; what remains is a faster GPU "

@@ -10,13 +10,20 @@ random until a model forms, the sampler:
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
    ``skip_margin``) or failing, since knob effects are close to separable;
 4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory);
-5. defers the input-pipeline knobs (workers, pinning, prefetch, loader backend) while the incumbent hardly
-   waits for input: they cannot speed up a step that is not waiting, so they come after the other moves;
+5. lets the incumbent's bottleneck choose the knobs tried first (``BOTTLENECK_KNOBS``): its stored
+   diagnosis (user attr ``diagnosis``), else its share of time waiting for input. Knobs that cannot help
+   it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
+   does, channels_last where the model has no 4-D activations;
+   within a tier, moves are ranked by expected gain per predicted second (``_cost``): a move that needs a
+   fresh compile must promise more than one that reuses the compiled shapes;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
 7. once no neighbour is left, tries the deferred values, then two-knob moves, then untried configs at
-   random.
+   random;
+8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
+   knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
+   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -34,6 +41,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.search._cost import CostModel, CostSample, sample_from_attrs
 from autotune.search._rules import infeasible_reason
 
 # Most promising value first. Numeric knobs without a prior start at the upper median of their values.
@@ -72,6 +80,32 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
 _TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "loader",
                          "dali_threads", "dali_prefetch"})
+COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs", "cudnn_benchmark"})
+# The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).
+INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND = (
+    "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound")
+# What can help each bottleneck, most likely first. Input: the loader (the space bounds the workers to
+# what the host has). Launches: fewer, larger launches. Compute: less work per sample, then a batch that
+# uses the units better. Memory capacity: the batch (the one that fits), then a narrower precision.
+BOTTLENECK_KNOBS: dict[str, tuple[str, ...]] = {
+    INPUT_BOUND: ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "loader",
+                  "dali_threads", "dali_prefetch"),
+    LAUNCH_BOUND: ("cuda_graphs", "compile", "batch_size"),
+    COMPUTE_BOUND: ("precision", "compile", "channels_last", "batch_size"),
+    MEMORY_BOUND: ("batch_size", "precision"),
+}
+# The knobs that cannot help a bottleneck: they wait until every other move is done.
+BOTTLENECK_WAITS: dict[str, frozenset[str]] = {
+    INPUT_BOUND: COMPUTE_KNOBS,
+    LAUNCH_BOUND: INPUT_KNOBS,
+    COMPUTE_BOUND: INPUT_KNOBS,
+    MEMORY_BOUND: INPUT_KNOBS,
+}
+# Without a stored diagnosis (replayed tables): waiting this share of the windows is input-bound, as the
+# diagnosis calls it (insight's DATA_WAIT_HIGH).
+INPUT_WAIT_HIGH = 0.2
+# A value that failed this many times and never ran is not proposed again by the walk.
+FAILS_TO_DROP = 2
 
 
 @dataclass(frozen=True)
@@ -85,6 +119,10 @@ class _Seen:
     oom: bool
     reference: bool
     data_wait: Optional[float] = None  # share of the timed windows spent waiting for input, when measured
+    diagnosis: Optional[str] = None  # the stored bottleneck label, when the trial was diagnosed
+    activations_4d: Optional[bool] = None  # whether the model has 4-D activations, when recorded
+    failed: bool = False  # it ran and failed for a reason other than memory (a crash, an error, a timeout)
+    cost: Optional[CostSample] = None  # its seconds, when recorded
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -173,43 +211,174 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         """The next config to try given the trials seen, or None when every config is taken."""
         taken = {self._key(s.params) for s in seen}
         ooms = [(s.number, s.params) for s in seen if s.oom]
+        dropped = self._dropped(seen)
 
-        def fresh(candidate: dict[str, Any]) -> bool:
+        def fresh(candidate: dict[str, Any], *, allow_dropped: bool = False) -> bool:
             asked = self._asked(candidate)
-            return self._key(asked) not in taken and infeasible_reason(asked, ooms) is None
+            if self._key(asked) in taken or infeasible_reason(asked, ooms) is not None:
+                return False
+            return allow_dropped or not any((k, v) in dropped for k, v in asked.items())
 
         prior = self.prior_point()
         if fresh(prior):
             return prior
-        anchor, failed_anchor, best = self._anchor(seen, prior)
+        for candidate in self._repairs(seen, prior):
+            if fresh(candidate):
+                return candidate
+        anchor, failed_anchor, best = self._anchor(seen, prior, dropped)
         worse = self._clearly_worse(seen)
-        waits = best is not None and best.data_wait is not None and best.data_wait < self._input_idle
-        first = [k for k in self._order if not (waits and k in INPUT_KNOBS)]
-        later = [k for k in self._order if k not in first]
+        first, later = self._tiers(seen, best)
         deferred = self._past_slower(seen, anchor, best)
+        priced = [s.cost for s in seen if s.cost is not None]
+        cost = CostModel.fit(priced) if priced else None  # nothing timed yet (replay without seconds): gain alone
+
+        def ranked(knobs: Sequence[str]) -> list[dict[str, Any]]:
+            return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred), anchor, knobs,
+                                seen, cost, best)
+
         moves = itertools.chain(
-            self._neighbours(anchor, failed_anchor, worse, first, deferred),
+            ranked(first),
             ({**anchor, name: value} for name, value in deferred if name in first),
             self._pair_moves(anchor, worse, first, deferred),
-            self._neighbours(anchor, failed_anchor, worse, later, deferred),
+            ranked(later),
             ({**anchor, name: value} for name, value in deferred if name in later),
         )
         for candidate in moves:
             if fresh(candidate):
                 return candidate
         rng = random.Random(None if self._seed is None else self._seed * 100_003 + number)
-        for _ in range(2000):
+        for attempt in range(2000):
             candidate = {name: rng.choice(values) for name, values in self._values.items()}
-            if fresh(candidate):
+            if fresh(candidate, allow_dropped=attempt >= 1000):  # dropped values only once little else is left
                 return candidate
         return None
 
-    def _anchor(self, seen: list[_Seen], prior: dict[str, Any]) -> tuple[dict[str, Any], bool, Optional[_Seen]]:
+    def _tiers(self, seen: list[_Seen], best: Optional[_Seen]) -> tuple[list[str], list[str]]:
+        """(knobs tried first, knobs that wait), from the incumbent's bottleneck."""
+        label = _bottleneck(best.diagnosis) if best is not None else None
+        waits: frozenset[str] = frozenset()
+        if label is None and best is not None and best.data_wait is not None:
+            if best.data_wait >= INPUT_WAIT_HIGH:
+                label = INPUT_BOUND
+            elif best.data_wait < self._input_idle:
+                waits = INPUT_KNOBS  # a step that does not wait for input cannot be sped up by the loader
+        if label is not None:
+            waits = BOTTLENECK_WAITS[label]
+        if any(s.activations_4d is False for s in seen):
+            waits = waits | {"channels_last"}  # no 4-D activations: the memory format changes nothing
+        head = [k for k in BOTTLENECK_KNOBS.get(label or "", ()) if k in self._space and k not in waits]
+        first = head + [k for k in self._order if k not in head and k not in waits]
+        return first, [k for k in self._order if k not in first]
+
+    def _ranked(self, candidates: Iterator[dict[str, Any]], anchor: dict[str, Any], knobs: Sequence[str],
+                seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen]) -> list[dict[str, Any]]:
+        """Single-knob moves by expected gain per predicted second, the walk's order breaking ties.
+
+        The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
+        knob nearer the incumbent, and quartered where measured pairs show the knob barely matters, or show
+        the value slower than the incumbent's (at another point: the same point is the clearly-worse rule).
+        """
+        flat = self._barely_matters(seen)
+        slower = self._measured_slower(seen)
+        extra = {"compile": best.cost.params["compile"]} if (
+            best is not None and best.cost is not None and "compile" in best.cost.params
+            and "compile" not in self._space) else {}
+        rate = best.value if best is not None else None
+        scored = []
+        for i, candidate in enumerate(candidates):
+            name = next((k for k in knobs if candidate[k] != anchor[k]), None)
+            if name is None:
+                continue
+            order = self._value_order(name, anchor[name])
+            gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
+            if name in flat:
+                gain *= 0.25
+            if (name, self._key([candidate[name]]), self._key([anchor[name]])) in slower:
+                gain *= 0.25  # a pair elsewhere measured this value slower than the incumbent's
+            seconds = max(1e-3, cost.predict({**extra, **candidate}, rate)) if cost is not None else 1.0
+            scored.append((-gain / seconds, i, candidate))
+        return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
+
+    def _measured_slower(self, seen: list[_Seen]) -> set[tuple[str, str, str]]:
+        """(knob, value, other) keyed by ``_key([...])`` where a measured pair differing only in that knob
+        shows ``value`` slower than ``other``."""
+        out = set()
+        ran = [s for s in seen if s.value]
+        for name in self._order:
+            groups: dict[str, list[_Seen]] = {}
+            for s in ran:
+                if name in s.params:
+                    groups.setdefault(self._rest_key(s.params, name), []).append(s)
+            for members in groups.values():
+                for a, b in itertools.permutations(members, 2):
+                    if a.params[name] != b.params[name] and (a.value or 0) < (b.value or 0):
+                        out.add((name, self._key([a.params[name]]), self._key([b.params[name]])))
+        return out
+
+    def _barely_matters(self, seen: list[_Seen]) -> set[str]:
+        """Knobs whose measured pairs (differing only in that knob), on two lines or more, are all within a
+        few percent: one pair at one incumbent is not enough to judge a knob."""
+        out = set()
+        ran = [s for s in seen if s.value]
+        for name in self._order:
+            groups: dict[str, list[float]] = {}
+            for s in ran:
+                if name in s.params:
+                    groups.setdefault(self._rest_key(s.params, name), []).append(float(s.value or 0.0))
+            pairs = [max(v) / min(v) for v in groups.values() if len(v) > 1]
+            if len(pairs) >= 2 and max(pairs) < 1 + self._skip_margin / 3:
+                out.add(name)
+        return out
+
+    def _dropped(self, seen: list[_Seen]) -> set[tuple[str, Any]]:
+        """(knob, value) that failed ``FAILS_TO_DROP`` times and never ran: the walk moves away from it."""
+        fails: dict[tuple[str, Any], int] = {}
+        ran: set[tuple[str, Any]] = set()
+        for s in seen:
+            items = {(k, self._key([v])) for k, v in s.params.items()}
+            if s.value is not None:
+                ran |= items
+            elif s.failed and not s.reference:
+                for item in items:
+                    fails[item] = fails.get(item, 0) + 1
+        out = set()
+        for s in seen:
+            for k, v in s.params.items():
+                item = (k, self._key([v]))
+                if fails.get(item, 0) >= FAILS_TO_DROP and item not in ran:
+                    out.add((k, v))
+        return out
+
+    def _repairs(self, seen: list[_Seen], prior: dict[str, Any]) -> list[dict[str, Any]]:
+        """When the prior point failed (not out of memory) and nothing else ran: revert half of the knobs
+        where it differs from the reference run, then the other half, then all. One faulty value is then
+        in at most one more failing trial."""
+        asked = self._asked(prior)
+        start = next((s for s in seen if self._key(s.params) == self._key(asked)), None)
+        if start is None or not start.failed or any(s.value is not None and not s.reference for s in seen):
+            return []
+        reference = next((s.params for s in seen if s.reference and s.value is not None), {})
+        safe = {k: reference.get(k, (self._value_order(k, prior[k]) or [prior[k]])[0]) for k in asked}
+        differ = [k for k in self._order if k in asked and safe[k] != prior[k]]
+        if not differ:
+            return []
+        cut = len(differ) // 2
+        halves = [differ[cut:], differ[:cut], differ]
+        return [{**prior, **{k: safe[k] for k in half}} for half in halves if half]
+
+    def _anchor(self, seen: list[_Seen], prior: dict[str, Any],
+                dropped: set[tuple[str, Any]]) -> tuple[dict[str, Any], bool, Optional[_Seen]]:
         """The incumbent to move from (and its trial); the failed prior point while only the reference
-        run succeeded."""
+        run succeeded, with the values that keep failing moved away from."""
         feasible = [s for s in seen if s.feasible and s.value is not None]
         if not any(not s.reference for s in feasible):
-            return prior, True, None
+            reference = next((s.params for s in seen if s.reference and s.value is not None), {})
+            moved = {}
+            for k, v in prior.items():
+                if (k, v) in dropped:
+                    options = [o for o in self._value_order(k, v) if (k, o) not in dropped]
+                    moved[k] = reference.get(k, options[0] if options else v)
+            return {**prior, **moved}, True, None
         best = max(feasible, key=lambda s: (s.value, -s.number))
         return {**prior, **best.params}, False, best
 
@@ -318,15 +487,32 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
     elif trial.state == TrialState.PRUNED:
         partial = trial.user_attrs.get("throughput")
         value = float(partial) if partial else None  # stopped early as hopeless: measured, and slow
+    attrs = trial.user_attrs
+    config = attrs.get("config") or {}
+    four_d = attrs.get("extra:activations_4d")
+    finished = trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    cost_params = {**({"compile": config["compile"]} if "compile" in config else {}), **params}
     return _Seen(
         number=trial.number,
         params=params,
         value=value,
         feasible=feasible,
         oom=status in ("oom", "infeasible"),  # "infeasible": ruled out by an earlier out-of-memory
-        reference=trial.user_attrs.get("role") == "reference",
+        reference=attrs.get("role") == "reference",
         data_wait=float(wait) if isinstance(wait, (int, float)) and status == "ok" else None,
+        diagnosis=attrs.get("diagnosis") if isinstance(attrs.get("diagnosis"), str) else None,
+        activations_4d=four_d if isinstance(four_d, bool) else None,
+        failed=trial.state == TrialState.COMPLETE and status not in ("ok", "oom", "infeasible", "pruned"),
+        cost=sample_from_attrs(trial.number, cost_params, {**attrs, "config": cost_params})
+        if finished and "wall_seconds" in attrs else None,
     )
+
+
+def _bottleneck(label: Optional[str]) -> Optional[str]:
+    """The bottleneck of a stored diagnosis label ("compute-bound (no GPU readings)" is compute-bound)."""
+    if not label:
+        return None
+    return next((b for b in BOTTLENECK_KNOBS if label == b or label.startswith(b + " ")), None)
 
 
 def _values_of(distribution: BaseDistribution) -> list[Any]:

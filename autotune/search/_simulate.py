@@ -3,9 +3,10 @@
 A table is JSON Lines, one config a line::
 
     {"params": {"precision": "bf16", "batch_size": 256}, "status": "ok", "throughput": 4717.2,
-     "peak_memory_gib": 11.0, "accuracy_loss": 0.001}
+     "peak_memory_gib": 11.0, "accuracy_loss": 0.001, "trial_seconds": 52.0, "compile_seconds": 38.0,
+     "data_wait_fraction": 0.01}
 
-The space is the set of distinct values of each param; a config absent from the table counts as ``error``.
+(``trial_seconds``, ``compile_seconds`` and ``data_wait_fraction`` are optional.) The space is the set of distinct values of each param; a config absent from the table counts as ``error``.
 Each strategy runs as an ordinary in-memory Optuna study, so what is compared is exactly what a real study
 would do, minus the training. Scoring:
 
@@ -13,7 +14,12 @@ would do, minus the training. Scoring:
   noisy throughput among feasible trials) truly reaches 95% of the table's best feasible throughput; a run
   that never gets there counts as ``trials + 1``;
 - *best fraction*: after the last trial, the top-K feasible configs are re-measured in alternation
-  (fresh noise) and the one with the best median is the pick; its true throughput over the table's best.
+  (fresh noise) and the one with the best median is the pick; its true throughput over the table's best;
+- *minutes to 95%*: the seconds of the trials up to that one, where the table records ``trial_seconds``
+  (``trial_seconds`` of a row is its first compile at its shapes and mode; a later trial in the same compile
+  group pays ``CACHED_COMPILE_SHARE`` of ``compile_seconds``; a row without seconds, or a config absent from
+  the table, costs the median of the rows' seconds without their compile). A run that never reaches 95%
+  counts its total minutes plus one median trial.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 
 from autotune._errors import TableError
+from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
@@ -47,6 +54,9 @@ class TableRow:
     throughput: Optional[float] = None
     peak_memory_gib: Optional[float] = None
     accuracy_loss: Optional[float] = None
+    trial_seconds: Optional[float] = None  # a trial of this config, its first compile at these shapes included
+    compile_seconds: Optional[float] = None  # of which the fresh compile
+    data_wait_fraction: Optional[float] = None  # share of the timed windows spent waiting for input
 
 
 def _key(params: Mapping[str, Any]) -> str:
@@ -126,6 +136,16 @@ class ReplayTable:
     def distributions(self) -> dict[str, CategoricalDistribution]:
         return {n: CategoricalDistribution(v) for n, v in self.values.items()}
 
+    @property
+    def has_seconds(self) -> bool:
+        """Whether any row records ``trial_seconds`` (else minutes are not reported)."""
+        return any(r.trial_seconds is not None for r in self._rows.values())
+
+    def fallback_seconds(self) -> float:
+        """What a trial without recorded seconds costs: the median row's seconds without its compile."""
+        bases = [r.trial_seconds - (r.compile_seconds or 0.0) for r in self._rows.values() if r.trial_seconds]
+        return statistics.median(bases) if bases else 0.0
+
 
 def _parse_row(data: Any) -> TableRow:
     if not isinstance(data, dict):
@@ -141,12 +161,19 @@ def _parse_row(data: Any) -> TableRow:
             raise ValueError("an 'ok' row needs a positive throughput")
     elif throughput is not None:
         raise ValueError(f"throughput must be null when the status is {status!r}")
+    seconds = {}
+    for name in ("trial_seconds", "compile_seconds", "data_wait_fraction"):
+        value = data.get(name)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{name} must be a number >= 0")
+        seconds[name] = float(value) if value is not None else None
     return TableRow(
         params=params,
         status=status,
         throughput=float(throughput) if throughput is not None else None,
         peak_memory_gib=data.get("peak_memory_gib"),
         accuracy_loss=data.get("accuracy_loss"),
+        **seconds,
     )
 
 
@@ -204,6 +231,29 @@ class ReplayRun:
     incumbent_fractions: tuple[float, ...]  # true fraction of the apparent best after each trial
     pruned_by_rule: int  # proposals the memory rule answered without a run
     measured: tuple[dict[str, Any], ...] = ()  # the configs looked up, in trial order
+    seconds: tuple[float, ...] = ()  # what each trial cost, where the table records seconds
+    minutes_to_95: Optional[float] = None  # None when the table records no seconds
+
+
+class TrialClock:
+    """What each replayed trial costs: the row's seconds, with a compile at shapes and mode already
+    compiled in this run charged at ``CACHED_COMPILE_SHARE`` of its fresh compile."""
+
+    def __init__(self, table: ReplayTable) -> None:
+        self.table, self._compiled, self._fallback = table, set(), table.fallback_seconds()
+
+    def charge(self, params: Mapping[str, Any], row: TableRow) -> tuple[float, float]:
+        """(trial seconds, compile seconds) of running ``params`` now."""
+        if row.trial_seconds is None:
+            return self._fallback, 0.0
+        compile_s = row.compile_seconds or 0.0
+        group = compile_group(params)
+        if group is not None and group in self._compiled:
+            cached = compile_s * CACHED_COMPILE_SHARE
+            return row.trial_seconds - compile_s + cached, cached
+        if group is not None and compile_s > 0:
+            self._compiled.add(group)
+        return row.trial_seconds, compile_s
 
 
 def replay(
@@ -234,6 +284,7 @@ def replay(
     seen: list[tuple[float, float, dict[str, Any]]] = []  # (observed, true, params) of feasible trials
     fractions: list[float] = []
     measured: list[dict[str, Any]] = []
+    clock, costs = TrialClock(table), []
     reached, pruned, asked = trials + 1, 0, 0
     while len(fractions) < trials and asked < trials * 50:
         asked += 1
@@ -249,7 +300,16 @@ def replay(
         row, observed = lookup.measure(params)
         measured.append(params)
         feasible = observed is not None and table.feasible(row, max_accuracy_loss)
+        seconds, compile_s = clock.charge(params, row)
+        costs.append(seconds)
         trial.set_user_attr("status", row.status)
+        if table.has_seconds:  # what a real study records, so the sampler's cost model reads the same
+            trial.set_user_attr("wall_seconds", seconds)
+            trial.set_user_attr("compile_seconds", compile_s)
+        if observed is not None:
+            trial.set_user_attr("throughput", observed)
+            if row.data_wait_fraction is not None:
+                trial.set_user_attr("data_wait_fraction", row.data_wait_fraction)
         trial.set_constraint("failure", 0.0 if feasible else 1.0)
         if row.status == "oom":
             ooms.append((trial.number, params))
@@ -260,6 +320,10 @@ def replay(
         fractions.append(apparent / best_true if best_true else 0.0)
         if reached > trials and fractions[-1] >= 0.95:
             reached = len(fractions)
+    minutes = None
+    if table.has_seconds:
+        spent = costs[:reached] if reached <= trials else costs + [statistics.median(costs) if costs else 0.0]
+        minutes = sum(spent) / 60
     return ReplayRun(
         strategy=strategy,
         seed=seed,
@@ -269,6 +333,8 @@ def replay(
         incumbent_fractions=tuple(fractions),
         pruned_by_rule=pruned,
         measured=tuple(measured),
+        seconds=tuple(costs) if table.has_seconds else (),
+        minutes_to_95=minutes,
     )
 
 
@@ -300,14 +366,22 @@ class StrategySummary:
     trials_to_95_worst: int
     best_fraction_median: float
     runs: tuple[ReplayRun, ...]
+    minutes_to_95_median: Optional[float] = None  # None when the table records no trial seconds
+    minutes_to_95_worst: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
+        def minutes(value: Optional[float]) -> Optional[float]:
+            return None if value is None else round(value, 2)
+
         return {
             "strategy": self.strategy,
             "trials_to_95_median": self.trials_to_95_median,
             "trials_to_95_worst": self.trials_to_95_worst,
+            "minutes_to_95_median": minutes(self.minutes_to_95_median),
+            "minutes_to_95_worst": minutes(self.minutes_to_95_worst),
             "best_fraction_median": round(self.best_fraction_median, 4),
             "trials_to_95": [r.trials_to_95 for r in self.runs],
+            "minutes_to_95": [minutes(r.minutes_to_95) for r in self.runs],
             "pruned_by_rule": [r.pruned_by_rule for r in self.runs],
         }
 
@@ -341,12 +415,15 @@ def simulate(
             runs.append(run)
             if on_run:
                 on_run(run)
+        minutes = [r.minutes_to_95 for r in runs if r.minutes_to_95 is not None]
         out.append(StrategySummary(
             strategy=strategy,
             trials_to_95_median=statistics.median(r.trials_to_95 for r in runs),
             trials_to_95_worst=max(r.trials_to_95 for r in runs),
             best_fraction_median=statistics.median(r.best_fraction for r in runs),
             runs=tuple(runs),
+            minutes_to_95_median=statistics.median(minutes) if minutes else None,
+            minutes_to_95_worst=max(minutes) if minutes else None,
         ))
     return out
 
@@ -359,6 +436,7 @@ def summaries_document(table: ReplayTable, summaries: Sequence[StrategySummary],
         "rows": len(table),
         "space_size": table.size,
         "best": {"params": best.params, "throughput": best.throughput},
+        "seconds": "recorded" if table.has_seconds else "none: the table records no trial_seconds, so minutes are null",
         **settings,
         "results": [s.to_dict() for s in summaries],
     }
@@ -369,19 +447,22 @@ def summaries_document(table: ReplayTable, summaries: Sequence[StrategySummary],
 REPLAY_TABLE_ENV = "AUTOTUNE_REPLAY_TABLE"
 REPLAY_NOISE_ENV = "AUTOTUNE_REPLAY_NOISE"
 REPLAY_SCRIPT_ENV = "AUTOTUNE_REPLAY_SCRIPT"
+REPLAY_TIME_SCALE_ENV = "AUTOTUNE_REPLAY_TIME_SCALE"
 
 
 def replay_env(table: Union[str, Path], *, noise: float = 0.0,
                script: Optional[Mapping[str, Sequence[float]]] = None,
-               state_dir: Optional[Union[str, Path]] = None) -> dict[str, str]:
+               state_dir: Optional[Union[str, Path]] = None, time_scale: float = 0.0) -> dict[str, str]:
     """Environment for ``replay_train``: the table, the noise, and scripted throughput factors.
 
     Args:
         script: ``{json of a config's table params (sorted keys): [factor, factor, ...]}``; the n-th run
             of that config is multiplied by the n-th factor (1.0 once they run out), across processes.
         state_dir: Where the scripted factors' consumption is counted (required with ``script``).
+        time_scale: Spend this share of a row's ``compile_seconds`` as the trial's compile, for real, and
+            the timed windows in full (0: no time passes), so a real study's clock and cost model see them.
     """
-    env = {REPLAY_TABLE_ENV: str(table), REPLAY_NOISE_ENV: str(noise)}
+    env = {REPLAY_TABLE_ENV: str(table), REPLAY_NOISE_ENV: str(noise), REPLAY_TIME_SCALE_ENV: str(time_scale)}
     if script:
         if state_dir is None:
             raise ValueError("a script needs a state_dir")
@@ -422,9 +503,12 @@ def replay_train(ctx: Any) -> None:
 
     A row's status becomes the trial's: ``oom`` raises MemoryError, ``error`` a RuntimeError, and ``ok``
     records the budget's windows at the table's throughput (times the noise or scripted factor) and
-    reports ``1 - accuracy_loss`` as the metric. Hopeless-trial pruning and every tuner path run as real.
+    reports ``1 - accuracy_loss`` as the metric. A row's ``data_wait_fraction`` becomes the windows' input
+    wait; with ``AUTOTUNE_REPLAY_TIME_SCALE`` set, that share of its ``compile_seconds`` is slept as the
+    first step of a compiled config, and the windows are slept in full. Hopeless-trial pruning and every tuner path run as real.
     """
     import os
+    import time
 
     table = ReplayTable.load(os.environ[REPLAY_TABLE_ENV])
     config = ctx.config.to_dict()
@@ -441,6 +525,14 @@ def replay_train(ctx: Any) -> None:
     rate = row.throughput * factor
     steps = max(1, ctx.budget.samples // ctx.config.batch_size // ctx.budget.windows) if ctx.budget else 1
     samples = steps * ctx.config.batch_size
+    scale = float(os.environ.get(REPLAY_TIME_SCALE_ENV, "0") or 0)
+    if scale and row.compile_seconds and ctx.config.compile != "off":
+        begin = time.perf_counter()
+        time.sleep(scale * row.compile_seconds)
+        ctx.recorder.first_step_seconds = time.perf_counter() - begin + samples / rate / steps
+    wait = min(1.0, row.data_wait_fraction or 0.0)
     for _ in range(ctx.budget.windows if ctx.budget else 1):
-        ctx.record_window(samples, samples / rate, steps=steps)
+        if scale:
+            time.sleep(samples / rate)  # the window itself, in full: the clock then sees the samples' time
+        ctx.record_window(samples, samples / rate, steps=steps, data_wait_seconds=wait * samples / rate)
     ctx.report_metric(1.0 - (row.accuracy_loss or 0.0))

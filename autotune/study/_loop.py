@@ -127,6 +127,7 @@ class TrialLoop:
         ui.end_trial(study.trials[trial.number])
         ui.set_completed(self.finished_count())
         ui.set_best(_best_record(study))
+        ui.set_minutes(study)
         return study.trials[trial.number].user_attrs.get("status", "ok")
 
     def _prune_threshold(self) -> Optional[float]:

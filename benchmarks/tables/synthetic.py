@@ -24,6 +24,12 @@ The model, in short (README.md has the details and the numbers of each table):
   and when compiled) + workspaces (cuDNN benchmark, the CUDA Graph pool). Above the capacity: ``oom``.
 - Measurement noise is log-normal per config, from an RNG seeded by (table, seed, config). A few configs
   fail at random with plausible errors; incompatible combinations always fail.
+- What a trial costs (``trial_seconds``, ``compile_seconds``): the trial process's start, building the
+  model, a fresh compile per mode (``Profile.compile_s`` for ``default``, times ``COMPILE_COST``), the graph
+  capture, starting the workers, and the trial's samples at the config's rate. A failure pays the start
+  and half its compile; an out-of-memory the start and its compile (it fails in the first step).
+- ``data_wait_fraction`` (tables with a loader): the share of the step spent waiting for input, as the
+  tuner measures it: the decode time over the step with ``num_workers=0``, else ``1 - rate / compute rate``.
 """
 
 from __future__ import annotations
@@ -100,6 +106,8 @@ class Profile:
         noise: Sigma of the log-normal measurement noise.
         error_rate: Chance that a config fails at random.
         accuracy: Whether lines carry a modelled ``accuracy_loss``.
+        compile_s: Seconds of a fresh ``compile: default`` of the model (other modes: ``COMPILE_COST``).
+        build_s: Seconds to build the model and its optimizer in a trial process.
     """
 
     description: str
@@ -128,6 +136,8 @@ class Profile:
     noise: float = 0.015
     error_rate: float = 0.01
     accuracy: bool = False
+    compile_s: float = 40.0
+    build_s: float = 3.0
 
 
 # torch.compile mode -> (tensor-core time, memory-bound time, kernel launches, activation memory) factors.
@@ -138,6 +148,12 @@ COMPILE_EFFECTS: dict[str, tuple[float, float, float, float]] = {
     # Captures forward and backward in its own CUDA Graphs; the optimizer's launches remain.
     "max-autotune": (0.93, 0.48, 0.12, 0.9),
 }
+# Fresh compile seconds per mode over "default" (the H200 max-autotune compiles took 3-6x as long).
+COMPILE_COST = {"off": 0.0, "default": 1.0, "max-autotune-no-cudagraphs": 4.0, "max-autotune": 4.5}
+PROCESS_START_S = 13.3  # as derived for the H200 tables (benchmarks/tables/trial_seconds.py)
+CAPTURE_S = 0.5
+WORKER_START_S = 0.15  # per DataLoader worker, once per trial
+TRIAL_SAMPLES = 4096  # warm-up and timed windows of one trial
 OPTIMIZER_LAUNCH_MS = 0.4
 REPLAY_MS = 0.05
 GRAPH_POOL_GIB = 0.25
@@ -150,16 +166,24 @@ PRESSURE_SLOWDOWN = 0.96
 
 TABLES: dict[str, Profile] = {
     "synthetic_input_bound": Profile(
-        description="ResNet-50-like vision model fed by a JPEG-decoding DataLoader on a 16-core host; "
-        "decoding limits most configs",
+        description="a small CNN fed by a PIL-decoding DataLoader on a 16-core host: decoding limits every "
+        "config, so the best need more workers and precision and compile barely matter",
         grid={
             "precision": ["fp32", "bf16"],
             "batch_size": [64, 128, 256],
-            "num_workers": [0, 2, 4, 8, 12, 16],
+            "compile": ["off", "default", "max-autotune-no-cudagraphs"],
+            "num_workers": [0, 2, 4, 6, 8, 10, 12, 14, 16],
             "pin_memory": [False, True],
-            "prefetch_factor": [2, 4, 8],
+            "prefetch_factor": [2, 4],
             "persistent_workers": [False, True],
         },
+        matmul_ms=0.06,
+        elementwise_ms=0.03,
+        optimizer_ms=0.5,
+        launch_ms=3.0,
+        compile_s=25.0,
+        static_gib=0.1,
+        activation_gib=0.01,
         loader=Loader(decode_ms=6.0),
     ),
     "synthetic_compute_bound": Profile(
@@ -239,6 +263,7 @@ class Outcome:
     peak_memory_gib: Optional[float] = None
     bound: Optional[str] = None  # "compute" or "input"
     error: Optional[str] = None
+    data_wait_fraction: Optional[float] = None  # tables with a loader
 
 
 def peak_memory(profile: Profile, c: Params) -> float:
@@ -317,12 +342,26 @@ def model(profile: Profile, c: Params) -> Outcome:
     if loader is not None and workers == 0:
         # The training loop decodes the batch itself, in series with the step.
         decode = batch * loader.decode_ms
-        rate = batch * 1000.0 / (batch * 1000.0 / compute_rate + decode)
-        return Outcome("ok", rate, peak, "input" if decode > step else "compute")
+        compute_ms = batch * 1000.0 / compute_rate
+        rate = batch * 1000.0 / (compute_ms + decode)
+        return Outcome("ok", rate, peak, "input" if decode > step else "compute", None, decode / (compute_ms + decode))
     if math.isinf(input_rate):
         return Outcome("ok", compute_rate, peak, "compute")
     rate = (compute_rate**-SMOOTH_MIN_POWER + input_rate**-SMOOTH_MIN_POWER) ** (-1.0 / SMOOTH_MIN_POWER)
-    return Outcome("ok", rate, peak, "input" if input_rate < compute_rate else "compute")
+    return Outcome("ok", rate, peak, "input" if input_rate < compute_rate else "compute", None,
+                   max(0.0, 1.0 - rate / compute_rate))
+
+
+def trial_cost(profile: Profile, c: Params, status: str, rate: Optional[float]) -> tuple[float, float]:
+    """(trial seconds, fresh compile seconds) of one trial of config ``c``: see the module doc."""
+    compile_s = profile.compile_s * COMPILE_COST[c["compile"]]
+    seconds = PROCESS_START_S + profile.build_s
+    if status == "error":
+        return seconds + compile_s / 2, compile_s / 2
+    seconds += compile_s + c["num_workers"] * WORKER_START_S
+    if status == "ok" and rate:
+        seconds += TRIAL_SAMPLES / rate + (CAPTURE_S if c["cuda_graphs"] else 0.0)
+    return seconds, compile_s
 
 
 def accuracy_loss(c: Params, rng: random.Random, seed_noise: float) -> float:
@@ -371,8 +410,12 @@ def generate(name: str, seed: int = 0) -> list[dict[str, Any]]:
                 line["accuracy_loss"] = round(accuracy_loss(c, rng, shared.gauss(0.0, 0.0015)), 4)
             if profile.loader is not None:
                 line["bound"] = out.bound
+                line["data_wait_fraction"] = round(out.data_wait_fraction or 0.0, 3)
         else:
             line["error"] = out.error
+        seconds, compile_s = trial_cost(profile, c, line["status"], line["throughput"])
+        line["trial_seconds"] = round(seconds, 2)
+        line["compile_seconds"] = round(compile_s, 2)
         lines.append(line)
     return lines
 

@@ -1,0 +1,208 @@
+"""What a trial costs in seconds, predicted from what the study has seen; pure functions over trial records.
+
+A trial's seconds split into parts that differ in what they depend on:
+
+- *overhead*: starting the trial process, building the model, warm-up, the windows' bookkeeping: about the
+  same for every config of a study, so its median over the trials seen is the estimate;
+- *compile*: zero without ``torch.compile``; the first compile of a model at given shapes and mode is
+  fresh (tens of seconds to minutes), a later one at the same shapes and mode hits the inductor caches and
+  costs a fraction of it (``compile_group`` names what is shared);
+- *capture*: the CUDA Graph capture of the whole step, when graphs are on;
+- *steady*: the timed samples over the expected rate.
+
+``CostModel.fit`` reads the study's trials (``user_attrs`` as the tuner records them: ``wall_seconds``,
+``run_seconds``, ``compile_seconds``, ``capture_seconds``, ``samples``, ``throughput``) or a replay's rows in
+the same form, and ``predict`` prices a candidate config. Until the study has seen a part, a documented
+prior stands in (``PRIOR_*``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+# Seconds of a trial besides its compile, capture and timed samples, before any trial is seen. The H200
+# ResNet-50 study took 11-20 s per trial on top of the sweep's in-process time (benchmarks/tables/README.md).
+PRIOR_OVERHEAD_S = 15.0
+# A fresh compile per mode before the study has seen one (ResNet-50 on an H200: 38-43 s for "default";
+# the max-autotune modes took 120-240 s). A seen mode rescales the others by the same ratio.
+PRIOR_COMPILE_S: dict[str, float] = {
+    "off": 0.0,
+    "default": 40.0,
+    "reduce-overhead": 45.0,
+    "max-autotune-no-cudagraphs": 180.0,
+    "max-autotune": 200.0,
+}
+# A compile at shapes and mode compiled before, over a fresh one: 6.1 and 6.3 s after 38-40 s on the H200.
+CACHED_COMPILE_SHARE = 0.16
+PRIOR_CAPTURE_S = 1.0
+# Knobs that change neither the compiled graph's shapes nor its mode: a compile is shared across them.
+# Precision is among them: the H200 study's fp16 compiles after bf16 ones at the same shapes took 6 s.
+_NOT_COMPILED = frozenset({"precision", "cuda_graphs", "num_workers", "pin_memory", "prefetch_factor",
+                           "persistent_workers", "loader", "dali_threads", "dali_prefetch", "cpu_threads",
+                           "memory_fraction", "cudnn_benchmark"})
+
+
+def compile_group(params: Mapping[str, Any]) -> Optional[str]:
+    """The shapes-and-mode key a compile is cached under; None without a compile."""
+    mode = params.get("compile", "off")
+    if mode in (None, "off"):
+        return None
+    return json.dumps({k: v for k, v in params.items() if k not in _NOT_COMPILED}, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class CostSample:
+    """One trial's seconds as the cost model reads them.
+
+    Attributes:
+        number: Trial order (a compile group's first trial paid the fresh compile).
+        params: The config.
+        seconds: Wall seconds of the trial process; None when not recorded.
+        compile_seconds: Of ``seconds``, the compile (0 without one).
+        capture_seconds: Of ``seconds``, the CUDA Graph capture.
+        samples: Samples trained, when recorded.
+        throughput: Samples per second of the timed windows, when measured.
+    """
+
+    number: int
+    params: dict[str, Any]
+    seconds: Optional[float]
+    compile_seconds: float = 0.0
+    capture_seconds: float = 0.0
+    samples: Optional[int] = None
+    throughput: Optional[float] = None
+
+    @property
+    def steady_seconds(self) -> float:
+        if self.samples and self.throughput:
+            return self.samples / self.throughput
+        return 0.0
+
+    @property
+    def overhead_seconds(self) -> Optional[float]:
+        if self.seconds is None:
+            return None
+        return max(0.0, self.seconds - self.compile_seconds - self.capture_seconds - self.steady_seconds)
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def sample_from_attrs(number: int, params: Mapping[str, Any], attrs: Mapping[str, Any]) -> CostSample:
+    """A trial's user attributes (as the tuner records them) as a ``CostSample``."""
+    samples = _number(attrs.get("samples"))
+    throughput = _number(attrs.get("throughput"))
+    return CostSample(
+        number=number,
+        params=dict(attrs.get("config") or params),
+        seconds=_number(attrs.get("wall_seconds")),
+        compile_seconds=_number(attrs.get("compile_seconds")) or 0.0,
+        capture_seconds=_number(attrs.get("capture_seconds")) or 0.0,
+        samples=int(samples) if samples else None,
+        throughput=throughput if throughput else None,
+    )
+
+
+def samples_from_trials(trials: Iterable[Any]) -> list[CostSample]:
+    """Finished Optuna trials (COMPLETE or PRUNED with a recorded ``wall_seconds``) as cost samples;
+    the reference run recorded as a trial counts too (it is a trial process like the others)."""
+    out = []
+    for t in trials:
+        if getattr(t.state, "name", "") not in ("COMPLETE", "PRUNED") or "wall_seconds" not in t.user_attrs:
+            continue
+        out.append(sample_from_attrs(t.number, t.params, t.user_attrs))
+    return out
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Trial seconds predicted from the samples seen.
+
+    Attributes:
+        overhead: Median overhead seconds seen (``PRIOR_OVERHEAD_S`` before any).
+        fresh_compile: Mode -> median fresh compile seconds seen.
+        cached_compile: Compile group -> predicted compile seconds there: the least of the compiles after
+            the first, or ``CACHED_COMPILE_SHARE`` of the first.
+        capture: Median capture seconds seen with graphs on (``PRIOR_CAPTURE_S`` before any).
+        samples: Median samples per trial seen (0 before any: steady time unknown).
+        rate: Median throughput seen (None before any).
+    """
+
+    overhead: float = PRIOR_OVERHEAD_S
+    fresh_compile: Optional[dict[str, float]] = None
+    cached_compile: Optional[dict[str, float]] = None
+    capture: float = PRIOR_CAPTURE_S
+    samples: float = 0.0
+    rate: Optional[float] = None
+
+    @classmethod
+    def fit(cls, samples: Iterable[CostSample]) -> "CostModel":
+        seen = sorted(samples, key=lambda s: s.number)
+        timed = [s for s in seen if s.seconds is not None]
+        overheads = [s.overhead_seconds for s in timed if s.overhead_seconds is not None]
+        fresh: dict[str, list[float]] = {}
+        first: dict[str, float] = {}
+        again: dict[str, list[float]] = {}
+        for s in timed:
+            group = compile_group(s.params)
+            if group is None or s.compile_seconds <= 0:
+                continue
+            if group in first:
+                again.setdefault(group, []).append(s.compile_seconds)
+            else:
+                fresh.setdefault(s.params.get("compile", "off"), []).append(s.compile_seconds)
+                first[group] = s.compile_seconds
+        # A compile at a seen group hits the caches: as measured there, else the share of its fresh compile.
+        cached = {g: min(again[g]) if g in again else seconds * CACHED_COMPILE_SHARE for g, seconds in first.items()}
+        captures = [s.capture_seconds for s in timed if s.params.get("cuda_graphs") and s.capture_seconds > 0]
+        counts = [s.samples for s in timed if s.samples]
+        rates = [s.throughput for s in timed if s.throughput]
+        return cls(
+            overhead=statistics.median(overheads) if overheads else PRIOR_OVERHEAD_S,
+            fresh_compile={mode: statistics.median(v) for mode, v in fresh.items()},
+            cached_compile=cached,
+            capture=statistics.median(captures) if captures else PRIOR_CAPTURE_S,
+            samples=float(statistics.median(counts)) if counts else 0.0,
+            rate=statistics.median(rates) if rates else None,
+        )
+
+    def compile_seconds(self, params: Mapping[str, Any]) -> float:
+        """Predicted compile seconds of a config: cached at seen shapes and mode, else fresh."""
+        group = compile_group(params)
+        if group is None:
+            return 0.0
+        cached = self.cached_compile or {}
+        fresh = self.fresh_compile or {}
+        mode = params.get("compile", "off")
+        if group in cached:
+            return cached[group]
+        if mode in fresh:
+            return fresh[mode]
+        prior = PRIOR_COMPILE_S.get(mode, PRIOR_COMPILE_S["default"])
+        ratios = [seconds / PRIOR_COMPILE_S[m] for m, seconds in fresh.items() if PRIOR_COMPILE_S.get(m)]
+        # A model that compiles fast in one mode compiles fast in the others: scale the prior by what was seen.
+        return prior * (statistics.median(ratios) if ratios else 1.0)
+
+    def predict(self, params: Mapping[str, Any], rate: Optional[float] = None) -> float:
+        """Predicted wall seconds of a trial of ``params``.
+
+        Args:
+            params: The candidate config.
+            rate: Its expected throughput (the incumbent's, say); the median seen when None.
+        """
+        seconds = self.overhead + self.compile_seconds(params)
+        if params.get("cuda_graphs") and params.get("compile") not in ("reduce-overhead", "max-autotune"):
+            seconds += self.capture
+        rate = rate or self.rate
+        if self.samples and rate:
+            seconds += self.samples / rate
+        return seconds
+
+
+def seconds_spent(samples: Iterable[CostSample]) -> float:
+    """Wall seconds of the trials recorded so far."""
+    return sum(s.seconds or 0.0 for s in samples)
