@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from autotune._config import NO_FASTER_CONFIG
 from autotune._errors import AutotuneError
 
 DEMO_TARGET = "autotune.demo:train"
@@ -216,33 +217,42 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
     from rich.table import Table
 
     console = Console()
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, soft_wrap=True)  # one line each, so it can be searched
+
     table = Table(title=f"autotune: study {result.study_name}", show_header=True)
     table.add_column("")
     table.add_column("config")
     table.add_column("samples/s", justify="right")
     table.add_column("accuracy loss", justify="right")
+    alternated = result.speedup_basis == "alternation"
     table.add_row("baseline", result.baseline.describe(), f"{result.baseline_throughput:,.1f}", "0 (reference)")
     if result.best is not None:
         table.add_row("best", result.best.config.describe(), f"{result.best.throughput:,.1f}",
                       f"{result.best.accuracy_loss:+.4f}")
+    table.caption = ("samples/s: medians of the top-K alternation, the baseline alternated with the fastest"
+                     if alternated else "samples/s: single runs, not measured again")
     console.print(table)
     if result.best is None:
         console.print("No feasible config was found; see the trials' failures in the dashboard.")
     else:
-        console.print(f"Speed-up over the baseline: [bold]{result.speedup:.2f}x[/bold]. "
-                      f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         changed = [
             f"{k}: {getattr(result.baseline, k)} -> {v}"
             for k, v in result.best.config.to_dict().items()
             if getattr(result.baseline, k) != v
         ]
-        if changed:
-            console.print("Why it wins: it changes " + "; ".join(changed) + ".")
-            if result.speedup < 1.05:
-                console.print("The gain is under 5%: on a busy or noisy machine that can be noise; the window "
-                              "spreads and the top-K re-measurement are on each trial in the dashboard.")
+        if result.faster:
+            say(f"Verdict: [bold]{result.verdict}[/bold] ({result.spread_text}).")
+            say("Why it wins: it changes " + "; ".join(changed) + ".")
         else:
-            console.print("No config beat the baseline once the fastest were measured again: keep it.")
+            say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
+        if not alternated:
+            say("These are single runs; --top-k 3 (the default) measures the fastest configs and the baseline "
+                "again in alternation before a speed-up is claimed.")
+        say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
+    if result.colocation_warning:
+        say(f"[yellow]Warning: {result.colocation_warning}.[/yellow]")
     if result.best_per_device:
         console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
         for device, record in sorted(result.best_per_device.items()):

@@ -38,6 +38,7 @@ COMMANDS = {
 BEST_CONFIG_KEYS = {
     "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
+    "faster", "verdict", "speedup_spread", "colocation_warning",
 }
 
 
