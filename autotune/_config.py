@@ -273,8 +273,8 @@ class Result:
             return "no spread was measured"
         span = f"{self.speedup_low:.2f}x-{self.speedup_high:.2f}x"
         if self.speedup_basis == "alternation":
-            return (f"per-round ratios {span} over {self.speedup_rounds} round(s) of the top-K alternation, "
-                    "the baseline alternated with the fastest")
+            rounds = f"{self.speedup_rounds} round{'s' if self.speedup_rounds != 1 else ''}"
+            return f"per-round ratios {span} over {rounds} of the top-K alternation with the baseline"
         return f"from single runs, not measured again: their timed windows give {span}"
 
     @property

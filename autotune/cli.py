@@ -159,6 +159,7 @@ def _tune(args: argparse.Namespace, target: str) -> int:
             print(f"created study {result.study_name} in {result.storage}; "
                   f"join it with: autotune worker {target} --study {result.study_name} --storage {result.storage}")
             return 0
+        _warn_if_workers_share(args, result.study_name, storage, workers)
         _run_workers(args, target, result.study_name, storage, workers)
         if args.gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = workers[0]["CUDA_VISIBLE_DEVICES"]
@@ -183,6 +184,38 @@ def _worker_envs(args: argparse.Namespace) -> list[dict[str, str]]:
                 raise AutotuneError(f"--gpus {args.gpus}: expected a list of GPU indices such as 0,1, or 'all'")
         return [{"CUDA_VISIBLE_DEVICES": g} for g in ids]
     return [{} for _ in range(getattr(args, "workers", None) or 0)]
+
+
+def _warn_if_workers_share(args: argparse.Namespace, study_name: str, storage: str, envs: list[dict[str, str]]) -> None:
+    """One warning line, also recorded in the study, when the workers about to start share what they measure."""
+    import socket
+    from collections import Counter
+
+    from autotune._records import COLOCATION
+    from autotune.study._workers import SHARING_CHECKED_ENV
+
+    for env in envs:
+        env[SHARING_CHECKED_ENV] = "1"  # the workers need not find out again, each in its own words
+    if len(envs) < 2:
+        return
+    host = socket.gethostname()
+    if getattr(args, "gpus", None):
+        twice = sorted(g for g, n in Counter(e["CUDA_VISIBLE_DEVICES"] for e in envs).items() if n > 1)
+        if not twice:
+            return
+        line = (f"--gpus {args.gpus} gives GPU {', '.join(twice)} to more than one worker on host {host}: their "
+                "trials slow each other, so their throughputs are not comparable; list each GPU once")
+    else:
+        line = (f"{len(envs)} workers on host {host} share its GPU and CPU cores (--workers pins neither): their "
+                "trials slow each other, so their throughputs are not comparable; use --gpus to give each worker "
+                "its own GPU, or run one worker per host")
+    import optuna
+
+    from autotune.study._storage import open_storage
+
+    opened, _ = open_storage(storage, Path(args.studies_dir), grace_period=args.grace_period)
+    optuna.load_study(study_name=study_name, storage=opened).set_user_attr(COLOCATION, line)
+    print(f"autotune: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str, envs: list[dict[str, str]]) -> None:

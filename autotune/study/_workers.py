@@ -77,6 +77,8 @@ def _device_identity(caps: _hardware.Capabilities) -> dict[str, str]:
 
 
 WORKER_PREFIX = "worker:"  # study attribute per worker process: the device and cores it measures on
+# Set by `autotune tune --workers/--gpus` for the workers it starts: it has warned about sharing itself.
+SHARING_CHECKED_ENV = "AUTOTUNE_SHARING_CHECKED"
 
 
 def _measured_on(caps: _hardware.Capabilities, identity: dict[str, str]) -> dict[str, Any]:
@@ -119,6 +121,8 @@ def register_worker(study: Any, caps: _hardware.Capabilities, identity: dict[str
     me = _worker_id()
     mine = _measured_on(caps, identity)
     study.set_user_attr(WORKER_PREFIX + me, mine)
+    if os.environ.get(SHARING_CHECKED_ENV):
+        return ""
     sharing, what = [me], ""
     for key, other in study.user_attrs.items():
         worker = key[len(WORKER_PREFIX):]
