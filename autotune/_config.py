@@ -269,6 +269,8 @@ class Result:
     @property
     def spread_text(self) -> str:
         """What the speed-up's spread is and how it was measured, e.g. for the CLI and the study note."""
+        if self.is_baseline:
+            return "the pick is the baseline itself"
         if self.best is None or math.isnan(self.speedup_low):
             return "no spread was measured"
         span = f"{self.speedup_low:.2f}x-{self.speedup_high:.2f}x"

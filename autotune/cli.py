@@ -280,9 +280,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
             say("Why it wins: it changes " + "; ".join(changed) + ".")
         else:
             say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
-        if not alternated:
-            say("These are single runs; --top-k 3 (the default) measures the fastest configs and the baseline "
-                "again in alternation before a speed-up is claimed.")
+        if not alternated and not result.is_baseline:
+            say("These numbers are single runs, not measured again: with --top-k 3 (the default) the fastest "
+                "configs and the baseline are measured again in alternation before a speed-up is claimed.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
     if result.colocation_warning:
         say(f"[yellow]Warning: {result.colocation_warning}.[/yellow]")

@@ -107,8 +107,7 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
     attrs = study.user_attrs
     result = _result(study)
     alternated = result.speedup_basis == "alternation"
-    how = (f"its median in the top-K alternation, {result.speedup_rounds} round(s)" if alternated
-           else "the fp32 reference run")
+    how = "its median in the top-K alternation" if alternated else "the fp32 reference run"
     lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s ({how})."]
     best = result.best
     if best is None:
