@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,6 @@ import pytest
 
 from autotune import Tuner
 from autotune._config import NO_FASTER_CONFIG, TrialConfig
-from autotune._records import summarize_study
 from autotune.insight._report import summary_lines
 from autotune.search._simulate import config_key, replay_env
 from autotune.study._workers import WORKER_PREFIX, _process_start, register_worker
@@ -166,14 +166,14 @@ def test_a_live_worker_on_the_same_cores_is_reported_once(tmp_path, cpu_caps):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.2)
-        host = os.uname().nodename
+        host = socket.gethostname()
         other = f"{host}:{sleeper.pid}:{_process_start(sleeper.pid)}"
         cpus = sorted(os.sched_getaffinity(0))
         study.set_user_attr(WORKER_PREFIX + other, {"host": host, "gpu": "", "cpus": [cpus[-1] + 1]})
         assert register_worker(study, cpu_caps, {}) == ""  # disjoint cores: nothing shared
         study.set_user_attr(WORKER_PREFIX + other, {"host": host, "gpu": "", "cpus": cpus})
         line = register_worker(study, cpu_caps, {})
-        assert f"2 workers (pids " in line and str(sleeper.pid) in line and "measure on the same CPU cores" in line
+        assert "2 workers (pids " in line and str(sleeper.pid) in line and "measure on the same CPU cores" in line
     finally:
         sleeper.kill()
         sleeper.wait()
