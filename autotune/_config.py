@@ -245,9 +245,24 @@ class TrialRecord:
     device: str = ""  # which GPU model (or CPU) measured it
 
 
+# The one wording for "nothing measurably beat the baseline", in the CLI, the study note and best_config.json.
+NO_FASTER_CONFIG = "no faster config found"
+# How a speed-up was measured: both sides in one top-K alternation, or each from its own single run.
+SPEEDUP_BASES: tuple[str, ...] = ("alternation", "single runs")
+
+
 @dataclass(frozen=True)
 class Result:
-    """What a study found: the best feasible config, how it compares, and the Pareto set."""
+    """What a study found: the best feasible config, how it compares, and the Pareto set.
+
+    The speed-up is ``best.throughput / baseline_throughput``. With ``speedup_basis == "alternation"``
+    both are medians of the same top-K alternation (the baseline takes part in it) and
+    ``speedup_low``/``speedup_high`` are the lowest and highest per-round ratios (winner's run over the
+    baseline's run in the same round). With ``"single runs"`` both come from one run each and the spread
+    is the ratio of their slowest and fastest timed windows (``min(best) / max(baseline)`` to
+    ``max(best) / min(baseline)``). ``faster`` holds only when the pick is not the baseline and even the
+    low end of the spread is above 1.
+    """
 
     study_name: str
     storage: str
@@ -260,6 +275,11 @@ class Result:
     removed_knobs: dict[str, str]
     best_config_path: Optional[str] = None
     best_per_device: dict[str, TrialRecord] = field(default_factory=dict)  # when workers differ in GPU model
+    speedup_low: float = math.nan
+    speedup_high: float = math.nan
+    speedup_basis: str = "single runs"
+    speedup_rounds: int = 0  # paired rounds behind the spread ("alternation"), 0 for single runs
+    colocation_warning: str = ""  # workers of this study measured on the same device or cores
 
     @property
     def best_config(self) -> Optional[TrialConfig]:
@@ -270,6 +290,49 @@ class Result:
         if not self.best or self.baseline_throughput <= 0:
             return math.nan
         return self.best.throughput / self.baseline_throughput
+
+    @property
+    def is_baseline(self) -> bool:
+        """The pick is the baseline config itself."""
+        return self.best is not None and self.best.config == self.baseline
+
+    @property
+    def faster(self) -> bool:
+        """A config other than the baseline beat it by more than the measured spread."""
+        return self.best is not None and not self.is_baseline and self.speedup_low > 1.0
+
+    @property
+    def verdict(self) -> str:
+        """``"1.42x faster than the baseline"``, or ``NO_FASTER_CONFIG``."""
+        return f"{self.speedup:.2f}x faster than the baseline" if self.faster else NO_FASTER_CONFIG
+
+    @property
+    def spread_text(self) -> str:
+        """What the speed-up's spread is and how it was measured, e.g. for the CLI and the study note."""
+        if self.is_baseline:
+            return "the pick is the baseline itself"
+        if self.best is None or math.isnan(self.speedup_low):
+            return "no spread was measured"
+        span = f"{self.speedup_low:.2f}x-{self.speedup_high:.2f}x"
+        if self.speedup_basis == "alternation":
+            rounds = f"{self.speedup_rounds} round{'s' if self.speedup_rounds != 1 else ''}"
+            return f"per-round ratios {span} over {rounds} of the top-K alternation with the baseline"
+        return f"from single runs, not measured again: their timed windows give {span}"
+
+    @property
+    def why_not_faster(self) -> str:
+        """Why ``faster`` is false ("" when it is true)."""
+        if self.faster:
+            return ""
+        if self.best is None:
+            return "nothing feasible was found"
+        if self.is_baseline:
+            return "the pick is the baseline itself"
+        if math.isnan(self.speedup_low):
+            return f"its {self.speedup:.2f}x has no measured spread to judge it by"
+        if self.speedup <= 1.0:
+            return f"it measured {self.speedup:.2f}x the baseline's throughput ({self.spread_text})"
+        return f"its {self.speedup:.2f}x is inside the measured spread ({self.spread_text})"
 
 
 def dumps(data: Any) -> str:

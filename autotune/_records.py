@@ -91,19 +91,24 @@ def _feasible(study: optuna.Study) -> list[TrialRecord]:
     return [r for r in _records(study) if r.feasible and r.status == "ok"]
 
 
+CONFIRMATION = "top_k_confirmation"  # the study attribute of the top-K re-measurement (study/_confirm)
+COLOCATION = "colocation_warning"  # the study attribute of the shared-device warning (study/_workers)
+
+
 def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
-    """The fastest feasible trial; after a top-K confirmation, its winner by median."""
+    """The fastest feasible trial; after a top-K confirmation, its winner with its median.
+
+    A confirmed median is never beaten by a single run: a config first measured after the confirmation
+    (e.g. on a resume) becomes the best only once a new confirmation (which reruns over the new top K)
+    crowns it.
+    """
     feasible = _feasible(study)
-    confirmed = study.user_attrs.get("top_k_confirmation")
-    if confirmed:
+    confirmed = study.user_attrs.get(CONFIRMATION) or {}
+    if confirmed.get("winner") is not None:
         winner = int(confirmed["winner"])
         medians = {int(k): v for k, v in confirmed["medians"].items()}
-        confirmed_configs = [r.config for r in feasible if r.number in medians]
-        # A config first measured after the confirmation (e.g. on a resume) can still beat the winner;
-        # copies of confirmed configs (duplicate_of) cannot.
-        fastest_unconfirmed = max((r.throughput for r in feasible if r.config not in confirmed_configs), default=0.0)
         for record in feasible:
-            if record.number == winner and medians[winner] >= fastest_unconfirmed:
+            if record.number == winner:
                 return dataclasses.replace(record, throughput=medians[winner])
     return max(feasible, key=lambda r: r.throughput, default=None)
 
@@ -118,14 +123,48 @@ def _budget_trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[
     return [t for t in study.get_trials(deepcopy=False, states=states) if t.user_attrs.get("status") != "infeasible"]
 
 
+@dataclasses.dataclass(frozen=True)
+class _SpeedupEvidence:
+    """The baseline throughput a speed-up divides by, and the spread of the ratio (see ``Result``)."""
+
+    baseline_throughput: float
+    low: float = math.nan
+    high: float = math.nan
+    basis: str = "single runs"
+    rounds: int = 0
+
+
 def _baseline_throughput(study: optuna.Study) -> float:
-    """The reference run's throughput, or its median from the top-K re-measurement when it took part,
-    so that the speed-up compares medians measured the same way."""
-    confirmed = study.user_attrs.get("top_k_confirmation") or {}
-    for number, median in (confirmed.get("medians") or {}).items():
-        if study.trials[int(number)].user_attrs.get("role") == "reference":
-            return median
-    return study.user_attrs.get("baseline_throughput", math.nan)
+    """The baseline's median from the top-K alternation when it took part, else its reference run, so
+    that the speed-up compares medians measured the same way."""
+    return _speedup_evidence(study, _best_record(study)).baseline_throughput
+
+
+def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _SpeedupEvidence:
+    attrs = study.user_attrs
+    confirmed = attrs.get(CONFIRMATION) or {}
+    baseline = confirmed.get("baseline") or {}
+    winner = confirmed.get("winner")
+    if best is not None and winner is not None and int(winner) == best.number and baseline.get("median"):
+        # Pair each round's winner run with the same round's baseline run: the spread of those ratios
+        # is what the alternation says about the speed-up.
+        key = str(best.number)
+        pairs = [(r.get(key), b) for r, b in zip(confirmed.get("rounds", []), baseline["throughputs"])]
+        ratios = [w / b for w, b in pairs if w and b]
+        return _SpeedupEvidence(baseline["median"], min(ratios, default=math.nan), max(ratios, default=math.nan),
+                                "alternation", len(ratios))
+    reference = attrs.get("baseline_throughput", math.nan)
+    if best is None:
+        return _SpeedupEvidence(reference)
+    ratio = best.throughput / reference if reference and reference > 0 else math.nan
+    baseline_config = attrs.get("baseline_config")
+    if baseline_config is not None and best.config == TrialConfig.from_dict(baseline_config):
+        return _SpeedupEvidence(reference, ratio, ratio)  # one config against itself: no spread to speak of
+    mine = study.get_trials(deepcopy=False)[best.number].user_attrs.get("window_throughputs") or []
+    theirs = (attrs.get("reference_measurement") or {}).get("window_throughputs") or []
+    if not mine or not theirs or min(theirs) <= 0:
+        return _SpeedupEvidence(reference, ratio, ratio)
+    return _SpeedupEvidence(reference, min(mine) / max(theirs), max(mine) / min(theirs))
 
 
 def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
@@ -147,13 +186,20 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
             f"({', '.join(sorted(per_device))}); their throughputs are not comparable, see best_per_device",
             stacklevel=2,
         )
+    best = _best_record(study)
+    evidence = _speedup_evidence(study, best)
     return Result(
         best_per_device=per_device if len(per_device) > 1 else {},
         study_name=study.study_name,
         storage=storage_url,
-        best=_best_record(study),
+        best=best,
         baseline=TrialConfig.from_dict(attrs["baseline_config"]),
-        baseline_throughput=_baseline_throughput(study),
+        baseline_throughput=evidence.baseline_throughput,
+        speedup_low=evidence.low,
+        speedup_high=evidence.high,
+        speedup_basis=evidence.basis,
+        speedup_rounds=evidence.rounds,
+        colocation_warning=attrs.get(COLOCATION, ""),
         reference_metric=attrs.get("reference_metric"),
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from autotune._config import NO_FASTER_CONFIG
 from autotune._errors import AutotuneError
 
 DEMO_TARGET = "autotune.demo:train"
@@ -173,6 +174,7 @@ def _tune(args: argparse.Namespace, target: str) -> int:
             print(f"created study {result.study_name} in {result.storage}; "
                   f"join it with: autotune worker {target} --study {result.study_name} --storage {result.storage}")
             return 0
+        _warn_if_workers_share(args, result.study_name, storage, workers)
         _run_workers(args, target, result.study_name, storage, workers)
         if args.gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = workers[0]["CUDA_VISIBLE_DEVICES"]
@@ -197,6 +199,38 @@ def _worker_envs(args: argparse.Namespace) -> list[dict[str, str]]:
                 raise AutotuneError(f"--gpus {args.gpus}: expected a list of GPU indices such as 0,1, or 'all'")
         return [{"CUDA_VISIBLE_DEVICES": g} for g in ids]
     return [{} for _ in range(getattr(args, "workers", None) or 0)]
+
+
+def _warn_if_workers_share(args: argparse.Namespace, study_name: str, storage: str, envs: list[dict[str, str]]) -> None:
+    """One warning line, also recorded in the study, when the workers about to start share what they measure."""
+    import socket
+    from collections import Counter
+
+    from autotune._records import COLOCATION
+    from autotune.study._workers import SHARING_CHECKED_ENV
+
+    for env in envs:
+        env[SHARING_CHECKED_ENV] = "1"  # the workers need not find out again, each in its own words
+    if len(envs) < 2:
+        return
+    host = socket.gethostname()
+    if getattr(args, "gpus", None):
+        twice = sorted(g for g, n in Counter(e["CUDA_VISIBLE_DEVICES"] for e in envs).items() if n > 1)
+        if not twice:
+            return
+        line = (f"--gpus {args.gpus} gives GPU {', '.join(twice)} to more than one worker on host {host}: their "
+                "trials slow each other, so their throughputs are not comparable; list each GPU once")
+    else:
+        line = (f"{len(envs)} workers on host {host} share its GPU and CPU cores (--workers pins neither): their "
+                "trials slow each other, so their throughputs are not comparable; use --gpus to give each worker "
+                "its own GPU, or run one worker per host")
+    import optuna
+
+    from autotune.study._storage import open_storage
+
+    opened, _ = open_storage(storage, Path(args.studies_dir), grace_period=args.grace_period)
+    optuna.load_study(study_name=study_name, storage=opened).set_user_attr(COLOCATION, line)
+    print(f"autotune: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str, envs: list[dict[str, str]]) -> None:
@@ -233,33 +267,42 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
     from rich.table import Table
 
     console = Console()
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, soft_wrap=True)  # one line each, so it can be searched
+
     table = Table(title=f"autotune: study {result.study_name}", show_header=True)
     table.add_column("")
     table.add_column("config")
     table.add_column("samples/s", justify="right")
     table.add_column("accuracy loss", justify="right")
+    alternated = result.speedup_basis == "alternation"
     table.add_row("baseline", result.baseline.describe(), f"{result.baseline_throughput:,.1f}", "0 (reference)")
     if result.best is not None:
         table.add_row("best", result.best.config.describe(), f"{result.best.throughput:,.1f}",
                       f"{result.best.accuracy_loss:+.4f}")
+    table.caption = ("samples/s: medians of the top-K alternation, the baseline alternated with the fastest"
+                     if alternated else "samples/s: single runs, not measured again")
     console.print(table)
     if result.best is None:
         console.print("No feasible config was found; see the trials' failures in the dashboard.")
     else:
-        console.print(f"Speed-up over the baseline: [bold]{result.speedup:.2f}x[/bold]. "
-                      f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         changed = [
             f"{k}: {getattr(result.baseline, k)} -> {v}"
             for k, v in result.best.config.to_dict().items()
             if getattr(result.baseline, k) != v
         ]
-        if changed:
-            console.print("Why it wins: it changes " + "; ".join(changed) + ".")
-            if result.speedup < 1.05:
-                console.print("The gain is under 5%: on a busy or noisy machine that can be noise; the window "
-                              "spreads and the top-K re-measurement are on each trial in the dashboard.")
+        if result.faster:
+            say(f"Verdict: [bold]{result.verdict}[/bold] ({result.spread_text}).")
+            say("Why it wins: it changes " + "; ".join(changed) + ".")
         else:
-            console.print("No config beat the baseline once the fastest were measured again: keep it.")
+            say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
+        if not alternated and not result.is_baseline:
+            say("These numbers are single runs, not measured again: with --top-k 3 (the default) the fastest "
+                "configs and the baseline are measured again in alternation before a speed-up is claimed.")
+        say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
+    if result.colocation_warning:
+        say(f"[yellow]Warning: {result.colocation_warning}.[/yellow]")
     if result.best_per_device:
         console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
         for device, record in sorted(result.best_per_device.items()):

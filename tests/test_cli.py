@@ -129,7 +129,14 @@ def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
     doc = json.loads((studies / "demo" / "best_config.json").read_text())
     assert doc["study"] == "demo" and doc["target"] == "autotune.demo:train"
     assert doc["baseline"]["throughput"] > 0
+    # The last lines say the verdict in best_config.json's words, and never claim a speed-up for the baseline.
+    assert f"Verdict: {doc['verdict']}" in proc.stdout
+    if doc["config"] == doc["baseline"]["config"] or not doc["faster"]:
+        assert doc["verdict"] == "no faster config found" and "faster than the baseline" not in proc.stdout
     study = optuna.load_study(study_name="demo", storage=f"sqlite:///{studies}/autotune.db")
+    if "top_k_confirmation" in study.user_attrs:  # two feasible configs or more: the baseline alternated with them
+        assert doc["speedup_spread"]["basis"] == "alternation"
+        assert doc["baseline"]["throughput"] == study.user_attrs["top_k_confirmation"]["baseline"]["median"]
     budgeted = [t for t in study.trials if t.user_attrs["status"] != "infeasible"]  # ruled out without a run
     assert len(budgeted) == 2
     assert study.user_attrs["space_name"] == "demo_cpu"

@@ -13,6 +13,7 @@ from optuna_dashboard import get_note, save_note
 from PIL import Image
 
 from autotune import ReportError, Tuner
+from autotune._config import NO_FASTER_CONFIG
 from autotune.insight._diagnose import DATA_WAIT_HIGH, MEMORY_CAPACITY_BOUND, next_step, stored_diagnoses
 from autotune.hardware import Capabilities
 from autotune.insight._report import (
@@ -92,7 +93,9 @@ def test_tuner_run_annotates_the_study(made) -> None:
 
     note = get_note(study)
     assert note.startswith(f"{NOTE_HEADING} report-e2e")
-    for text in ("Baseline: `fp32 bs64", "speed-up", "Accuracy check: reference metric", "noise band",
+    verdict = (f"verdict: {summarize_study(study).verdict} (from single runs" if summarize_study(study).faster
+               else f"verdict: {NO_FASTER_CONFIG}: ")  # top_k=0: single runs, and the note says so
+    for text in ("Baseline: `fp32 bs64", "(the fp32 reference run)", "a single run); " + verdict, "Accuracy check: reference metric", "noise band",
                  "Removed by the capability probe: `pin_memory=true` (", "no CUDA device", "1 oom",
                  "Next step: ", "autotune report report-e2e"):
         assert text in note, text

@@ -107,7 +107,17 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str) -
     assert result.best is not None and result.best.feasible and result.best.status == "ok"
     assert result.best.number == winner
     assert result.best.throughput == pytest.approx(confirmation["medians"][str(winner)])
-    assert result.speedup == pytest.approx(result.best.throughput / attrs["baseline_throughput"])
+    # The baseline (not a point of this space: no trial) took part in the same alternation, and the
+    # speed-up is the ratio of the two medians, with the per-round ratios as its spread.
+    baseline = confirmation["baseline"]
+    assert baseline["trial"] is None and len(baseline["throughputs"]) == 2 and all(baseline["throughputs"])
+    assert baseline["median"] == pytest.approx(sum(baseline["throughputs"]) / 2)
+    assert result.baseline_throughput == pytest.approx(baseline["median"])
+    assert result.speedup == pytest.approx(result.best.throughput / baseline["median"])
+    assert result.speedup_basis == "alternation" and result.speedup_rounds == 2
+    ratios = [r[str(winner)] / b for r, b in zip(confirmation["rounds"], baseline["throughputs"])]
+    assert (result.speedup_low, result.speedup_high) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
+    assert result.faster == (min(ratios) > 1.0)
     assert result.removed_knobs == attrs["removed_knobs"]
     assert result.pareto and all(r.feasible for r in result.pareto)
     path = tmp_path / "studies" / "e2e" / "best_config.json"
@@ -116,6 +126,9 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str) -
     assert doc["config"] == result.best_config.to_dict()
     assert doc["trial"] == result.best.number and doc["target"] == f"{WORKLOADS}:train_tiny"
     assert doc["speedup"] == pytest.approx(result.speedup)
+    assert doc["faster"] == result.faster and doc["verdict"] == result.verdict
+    assert doc["speedup_spread"]["low"] == pytest.approx(result.speedup_low)
+    assert doc["speedup_spread"]["basis"] == "alternation"
     assert doc["throughput"] == pytest.approx(result.best.throughput)
     assert load_best(path) == result.best_config
     assert load_best("e2e", studies_dir=tmp_path / "studies") == result.best_config
@@ -127,7 +140,7 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str) -
     assert all(t.user_attrs.get("role") != "reference" for t in trials)
     measured = [t for t in trials if "duplicate_of" not in t.user_attrs and t.user_attrs.get("role") != "reference"]
     expected = {"reference-0", "reference-1"} | {f"trial-{t.number}" for t in measured}
-    expected |= {f"confirm-{n}-{r}" for n in confirmation["trials"] for r in (0, 1)}
+    expected |= {f"confirm-{n}-{r}" for n in [*confirmation["trials"], "baseline"] for r in (0, 1)}
     assert {p.name for p in logs.iterdir()} == expected
 
 

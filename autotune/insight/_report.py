@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Union
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._config import TrialConfig
+from autotune._config import NO_FASTER_CONFIG, TrialConfig
 from autotune.insight._accuracy import accuracy_lines, matplotlib_loss_curves, plotly_loss_curves
 from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
@@ -110,14 +110,22 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
     removed, diagnoses and the next step."""
     attrs = study.user_attrs
     result = _result(study)
-    lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s "
-             "(the fp32 reference run)."]
+    alternated = result.speedup_basis == "alternation"
+    how = "its median in the top-K alternation" if alternated else "the fp32 reference run"
+    lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s ({how})."]
     best = result.best
     if best is None:
         lines.append("Best: no feasible config was found.")
     else:
-        lines.append(f"Best: `{best.config.describe()}` at {best.throughput:,.1f} samples/s (trial #{best.number}), "
-                     f"a {result.speedup:.2f}x speed-up over the baseline.")
+        how = "its median in the same alternation" if alternated else "a single run"
+        text = f"Best: `{best.config.describe()}` at {best.throughput:,.1f} samples/s (trial #{best.number}, {how}); "
+        if result.faster:
+            text += f"verdict: {result.verdict} ({result.spread_text})."
+        else:
+            text += f"verdict: {NO_FASTER_CONFIG}: {result.why_not_faster}; keep the baseline."
+        lines.append(text)
+    if result.colocation_warning:
+        lines.append(f"**Warning:** {result.colocation_warning}.")
     reference = attrs.get("reference_metric")
     if reference is None:
         lines.append("Accuracy check: the workload reports no metric, so accuracy was not checked.")

@@ -13,6 +13,7 @@ import optuna
 from autotune._config import Result, dumps
 from autotune._records import study_dir
 
+
 def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
     best = result.best
     trial = study.trials[best.number] if best else None
@@ -24,6 +25,14 @@ def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
         "trial": best.number if best else None,
         "throughput": best.throughput if best else None,
         "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
+        # "speedup" is the measured ratio; "faster" says whether it clears its spread (else the verdict is
+        # NO_FASTER_CONFIG and no speed-up is claimed).
+        "faster": result.faster,
+        "verdict": result.verdict,
+        "speedup_spread": {"low": _number(result.speedup_low), "high": _number(result.speedup_high),
+                           "basis": result.speedup_basis, "rounds": result.speedup_rounds,
+                           "what": result.spread_text},
+        "colocation_warning": result.colocation_warning or None,
         "accuracy_loss": best.accuracy_loss if best else None,
         "baseline": {"config": result.baseline.to_dict(), "throughput": result.baseline_throughput},
         "reference_metric": result.reference_metric,
@@ -48,6 +57,10 @@ def _batch_policy(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
         "micro_batch": config.batch_size,
         "accumulation_steps": config.accumulation_steps,
     }
+
+
+def _number(value: float) -> Any:
+    return None if math.isnan(value) else value
 
 
 def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:

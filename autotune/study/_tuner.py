@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import sys
 import time
 import warnings
 from typing import Any, Callable, Optional, Union
@@ -18,7 +19,7 @@ import optuna
 from autotune import hardware as _hardware
 from autotune._config import Measurement, Result, TrialConfig
 from autotune._errors import StudyError
-from autotune._records import study_dir, summarize_study
+from autotune._records import COLOCATION, study_dir, summarize_study
 from autotune._target import target_of
 from autotune.search import _compile, _space
 from autotune.search._sampler import GuidedSampler
@@ -31,7 +32,7 @@ from autotune.study._references import References
 from autotune.study._results import _with_path, write_best_config
 from autotune.study._runner import TrialRunner
 from autotune.study._storage import open_storage, study_exists
-from autotune.study._workers import _device_identity, _worker_id
+from autotune.study._workers import _device_identity, _worker_id, register_worker
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
 # Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
@@ -112,6 +113,8 @@ class Tuner:
         accuracy = opts.accuracy
         self.options = dataclasses.replace(
             opts,
+            confirm=dataclasses.replace(opts.confirm, top_k=int(attrs.get("top_k", opts.confirm.top_k)),
+                                        confirm_rounds=int(attrs.get("confirm_rounds", opts.confirm.confirm_rounds))),
             search=dataclasses.replace(opts.search, n_trials=int(attrs.get("n_trials", opts.search.n_trials)),
                                        prune_below=attrs.get("prune_below", opts.search.prune_below)),
             accuracy=dataclasses.replace(
@@ -157,6 +160,9 @@ class Tuner:
             "train_steps": self.options.search.train_steps,
             "compile_break_even": self._compile_plan.to_dict() if self._compile_plan else None,
             "compile_timeout_seconds": self.options.trial.compile_deadline,
+            # A worker that joins runs the top-K confirmation when it finishes last, with these settings.
+            "top_k": self.options.confirm.top_k,
+            "confirm_rounds": self.options.confirm.confirm_rounds,
             **reference,
         }
         for key, value in attrs.items():
@@ -272,12 +278,14 @@ class Tuner:
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)
+            self._warn_if_shared(study, caps)
             start_trial_server()
             TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
                       n_trials=opts.search.n_trials, timeout=opts.search.timeout, started=started,
                       prune_below=opts.search.prune_below, seed=opts.study.seed, identity=self._identity).run(ui)
-            if opts.confirm.top_k > 1 and mode == "tune":
-                confirm_top_k(study, runner, opts.confirm, seed=opts.study.seed, ui=ui)
+            # In every mode that runs trials: when several workers share the study, the last to finish
+            # claims it (see confirm_top_k), so it runs once per study, after the trial budget is spent.
+            confirm_top_k(study, runner, opts.confirm, seed=opts.study.seed, ui=ui, worker=_worker_id())
             if opts.confirm.confirm_samples:
                 confirm_long(study, runner, opts.confirm, seed=opts.study.seed,
                              metric_direction=opts.accuracy.metric_direction, ui=ui)
@@ -287,6 +295,13 @@ class Tuner:
         result = summarize_study(study, storage_url=storage_label)
         path = write_best_config(study, result, studies_dir)
         return _with_path(result, path)
+
+    def _warn_if_shared(self, study: optuna.Study, caps: _hardware.Capabilities) -> None:
+        """One warning line (and the study attribute) when live workers on this host share a device or cores."""
+        line = register_worker(study, caps, self._identity)
+        if line and study.user_attrs.get(COLOCATION) != line:  # a worker that sees the same says it once
+            study.set_user_attr(COLOCATION, line)
+            print(f"autotune: warning: {line}", file=sys.stderr, flush=True)
 
 
 class _BaselineAsker:
