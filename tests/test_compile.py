@@ -241,3 +241,24 @@ def test_cli_options_reach_the_tuner() -> None:
     worker = build_parser().parse_args(["worker", "x.py:train", "--study", "s", "--storage", "sqlite:///s.db",
                                         "--compile-timeout", "60"])
     assert _tuner(worker, "x.py:train", mode="join").options.trial.compile_timeout == 60.0
+
+
+def test_the_guided_sampler_drops_a_mode_after_one_compile_timeout() -> None:
+    from optuna.distributions import CategoricalDistribution
+
+    from autotune.search._sampler import GuidedSampler, seen_trial
+
+    space = {"compile": CategoricalDistribution(["off", "default", "max-autotune-no-cudagraphs"]),
+             "batch_size": CategoricalDistribution([32, 64, 128])}
+    sampler = GuidedSampler(search_space=space, seed=0)
+    slow = optuna.trial.create_trial(
+        params={"compile": "default", "batch_size": 64}, distributions=space, values=[0.0, math.inf],
+        user_attrs={"status": "compile_timeout", "failure": "compile_timeout", "compile_mode": "default",
+                    "config": {"compile": "default", "batch_size": 64}},
+        system_attrs={"constraints:failure": 1.0, "constraints:accuracy": 0.0})
+    crashed = optuna.trial.create_trial(
+        params={"compile": "max-autotune-no-cudagraphs", "batch_size": 128}, distributions=space,
+        values=[0.0, math.inf], user_attrs={"status": "crash", "config": {"batch_size": 128}},
+        system_attrs={"constraints:failure": 1.0, "constraints:accuracy": 0.0})
+    # One compile past its deadline drops the mode from the walk; one crash does not drop its value yet.
+    assert sampler._dropped([seen_trial(slow, space), seen_trial(crashed, space)]) == {("compile", "default")}

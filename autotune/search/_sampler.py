@@ -42,6 +42,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search._cost import CostModel, CostSample, sample_from_attrs
+from autotune.search._compile import slow_compile_modes
 from autotune.search._rules import infeasible_reason
 
 # Most promising value first. Numeric knobs without a prior start at the upper median of their values.
@@ -123,6 +124,7 @@ class _Seen:
     activations_4d: Optional[bool] = None  # whether the model has 4-D activations, when recorded
     failed: bool = False  # it ran and failed for a reason other than memory (a crash, an error, a timeout)
     cost: Optional[CostSample] = None  # its seconds, when recorded
+    slow_compile: Optional[str] = None  # the compile mode that ran past the compile deadline
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -343,6 +345,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                     fails[item] = fails.get(item, 0) + 1
         out = set()
         for s in seen:
+            if s.slow_compile is not None:
+                out.add(("compile", s.slow_compile))  # slow for this model: one deadline is enough to say so
             for k, v in s.params.items():
                 item = (k, self._key([v]))
                 if fails.get(item, 0) >= FAILS_TO_DROP and item not in ran:
@@ -505,6 +509,7 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         failed=trial.state == TrialState.COMPLETE and status not in ("ok", "oom", "infeasible", "pruned"),
         cost=sample_from_attrs(trial.number, cost_params, {**attrs, "config": cost_params})
         if finished and "wall_seconds" in attrs else None,
+        slow_compile=next(iter(slow_compile_modes([attrs])), None),
     )
 
 

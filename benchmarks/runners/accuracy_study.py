@@ -51,6 +51,20 @@ def fastest_equivalent(study: optuna.Study) -> tuple[int, float] | None:
     return best
 
 
+def minutes_to_95(study: optuna.Study, result: autotune.Result) -> float | None:
+    """Minutes from the study's start (its reference runs included) until a trial reached 95% of the best."""
+    if result.best is None:
+        return None
+    created = datetime.datetime.fromisoformat(study.user_attrs["created"])
+    start = created - datetime.timedelta(seconds=float(study.user_attrs.get("reference_seconds") or 0.0))
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
+        if t.user_attrs.get("status") == "ok" and t.user_attrs.get("accuracy_verdict") != "degraded" \
+                and t.user_attrs.get("throughput", 0.0) >= 0.95 * result.best.throughput and t.datetime_complete:
+            end = t.datetime_complete.astimezone() if t.datetime_complete.tzinfo is None else t.datetime_complete
+            return max(0.0, (end - start).total_seconds()) / 60
+    return None
+
+
 def report(study: optuna.Study, result: autotune.Result, args: argparse.Namespace) -> str:
     hw = study.user_attrs.get("hardware", {})
     lines = [
@@ -72,6 +86,12 @@ def report(study: optuna.Study, result: autotune.Result, args: argparse.Namespac
                      f"{result.best.throughput / rate:.1%} of the fastest single measurement the verdict called "
                      f"equivalent (#{number}, {rate:,.1f}); baseline {result.baseline_throughput:,.1f}, "
                      f"{result.speedup:.2f}x.")
+    to_95 = minutes_to_95(study, result)
+    if to_95 is not None:
+        lines.append(f"Minutes to 95% of the best: {to_95:.1f} (from the first reference run to the end of the first "
+                     "trial within 5% of the recommended config's throughput).")
+    timeouts = [t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") == "compile_timeout"]
+    lines.append(f"Trials lost to a compile timeout: {len(timeouts)}" + (f" ({timeouts})" if timeouts else "") + ".")
     rejected = [t for t in study.get_trials(deepcopy=False)
                 if t.user_attrs.get("accuracy_verdict") in ("degraded", "diverged")]
     lines.append(f"Rejected by the verdict: {len(rejected)} trial(s)"
