@@ -146,9 +146,11 @@ class References:
     def judge(self, study: optuna.Study, config: TrialConfig, measurement: Measurement) -> Verdict:
         """The accuracy verdict of a trial that ran to the end."""
         band, reference_metric, note = self.band(study, config.global_batch_size)
+        own_batch = config.global_batch_size != self._baseline.global_batch_size and not note
         verdict = judge(measurement.losses, measurement.metric, band, reference_metric=reference_metric,
                         max_accuracy_loss=self.options.max_accuracy_loss,
-                        metric_direction=self.options.metric_direction)
+                        metric_direction=self.options.metric_direction,
+                        baseline_metric=study.user_attrs.get("reference_metric") if own_batch else None)
         if note:
             return Verdict(verdict.label, f"{verdict.evidence} ({note})", verdict.accuracy_loss, verdict.constraint)
         return verdict

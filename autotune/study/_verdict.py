@@ -103,20 +103,29 @@ class ReferenceBand:
         values = self.metric_values
         return max(values) - min(values) if len(values) >= 2 else 0.0
 
+    def loss_blind_reason(self) -> Optional[str]:
+        """Why the loss comparison cannot tell harmed training from clean, if it cannot."""
+        if not self.has_losses:
+            return None
+        start = statistics.fmean(self.firsts)
+        if self.drop < LEARNED_FRACTION * abs(start):
+            return (f"the fp32 reference's training loss barely fell ({start:.4g} to {self.mean_final:.4g}), so the "
+                    "loss check cannot tell harmed training from clean")
+        if self.tolerance > SWAMPED_FRACTION * self.drop:
+            return (f"the seed-to-seed spread of the final loss (tolerance {self.tolerance:.4g}) is more than half of "
+                    f"what the reference learned ({self.drop:.4g})")
+        return None
+
+    def metric_blind_reason(self, max_accuracy_loss: float) -> Optional[str]:
+        """Why the metric comparison cannot resolve ``max_accuracy_loss``, if it cannot."""
+        if len(self.metric_values) >= 2 and self.metric_band > max_accuracy_loss:
+            return (f"the reference metric's seed spread ({self.metric_band:.4g}) exceeds the bound "
+                    f"max_accuracy_loss={max_accuracy_loss:g}")
+        return None
+
     def blind_reasons(self, max_accuracy_loss: float) -> list[str]:
         """Why this reference cannot tell a harmed config from a clean one, if it cannot."""
-        reasons = []
-        if self.has_losses:
-            start = statistics.fmean(self.firsts)
-            if self.drop < LEARNED_FRACTION * abs(start):
-                reasons.append(f"the fp32 reference's training loss barely fell ({start:.4g} to {self.mean_final:.4g}), "
-                               "so the loss check cannot tell harmed training from clean")
-            elif self.tolerance > SWAMPED_FRACTION * self.drop:
-                reasons.append(f"the seed-to-seed spread of the final loss (tolerance {self.tolerance:.4g}) is more "
-                               f"than half of what the reference learned ({self.drop:.4g})")
-        if len(self.metric_values) >= 2 and self.metric_band > max_accuracy_loss:
-            reasons.append(f"the reference metric's seed spread ({self.metric_band:.4g}) exceeds the bound "
-                           f"max_accuracy_loss={max_accuracy_loss:g}")
+        reasons = [r for r in (self.loss_blind_reason(), self.metric_blind_reason(max_accuracy_loss)) if r]
         if not self.has_losses and not self.metric_values:
             reasons.append("the workload records no training loss and reports no metric")
         return reasons
@@ -157,8 +166,13 @@ def metric_loss(reference: Optional[float], metric: Optional[float], direction: 
 
 
 def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand, *, reference_metric: Optional[float],
-          max_accuracy_loss: float, metric_direction: str = "maximize") -> Verdict:
+          max_accuracy_loss: float, metric_direction: str = "maximize",
+          baseline_metric: Optional[float] = None) -> Verdict:
     """Judge one trial against the fp32 references at its global batch.
+
+    A check whose reference is blind (``ReferenceBand.loss_blind_reason``, ``metric_blind_reason``) can
+    still find a trial degraded, far outside even its wide band, but cannot vouch for it: with no check
+    left that can, the verdict is ``unchecked``, never ``equivalent``.
 
     Args:
         losses: The trial's training loss per optimizer step (or per bin of steps).
@@ -167,11 +181,15 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         reference_metric: The metric the trial's own-seed reference reached (the study's reference metric).
         max_accuracy_loss: The bound on the metric loss, in metric units.
         metric_direction: ``"maximize"`` for accuracy-like metrics, ``"minimize"`` for losses.
+        baseline_metric: Under ``batch_policy: scale``, the metric of fp32 at the baseline's global batch: a
+            reference at the trial's own global batch that reached far less learned less than the baseline
+            did, so its metric cannot vouch for the trial.
     """
     trial = LossSummary.of(losses)
     parts: list[str] = []
     excesses: list[float] = []
     label = "equivalent"
+    vouched = False
     if trial is not None and not trial.finite:
         return Verdict("diverged", "the training loss became non-finite", math.inf, 1.0)
     if trial is not None and band.has_losses:
@@ -184,11 +202,13 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         if band.drop > tol and trial.final > trial.first * (1 + DIVERGED_RISE):
             return Verdict("diverged", f"{where}: it ended above its first loss {trial.first:.4g} while fp32 "
                            f"fell by {band.drop:.3g}", math.inf, 1.0)
+        blind = band.loss_blind_reason()
         if excess > tol:
             label = "degraded"
             parts.append(f"{where}: {excess:+.3g} is outside the reference band")
         else:
-            parts.append(f"{where}: within")
+            parts.append(f"{where}: within" + (f", but {blind}" if blind else ""))
+            vouched = vouched or not blind
     elif trial is None:
         parts.append("no training loss was recorded")
     loss = metric_loss(reference_metric, metric, metric_direction)
@@ -196,11 +216,19 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         threshold = max_accuracy_loss + band.metric_band
         excesses.append(loss - threshold)
         text = f"metric {metric:.4g} against fp32 {reference_metric:.4g} (loss {loss:+.3g}, bound {threshold:.3g})"
+        blind = band.metric_blind_reason(max_accuracy_loss)
+        below = metric_loss(baseline_metric, reference_metric, metric_direction)
+        if blind is None and below is not None and below > threshold:
+            blind = (f"fp32 at this global batch itself reached {reference_metric:.4g} against {baseline_metric:.4g} "
+                     "at the baseline's, so it learned less than the baseline in this trial's length")
         if loss > threshold:
             label = "degraded"
             parts.append(text + ": over the bound")
         else:
-            parts.append(text + ": within")
+            parts.append(text + ": within" + (f", but {blind}" if blind else ""))
+            vouched = vouched or not blind
     if not excesses:
         return Verdict("unchecked", "; ".join(parts + ["no metric was reported: nothing to compare"]), 0.0, -1.0)
+    if label == "equivalent" and not vouched:
+        label = "unchecked"
     return Verdict(label, "; ".join(parts), loss or 0.0, max(excesses))

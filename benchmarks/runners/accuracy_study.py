@@ -23,7 +23,9 @@ from optuna.trial import TrialState
 import autotune
 from autotune._api import load_study_result
 from autotune._config import TrialConfig
+from autotune._records import reference_bands
 from autotune.insight._accuracy import accuracy_lines
+from autotune.study._verdict import ReferenceBand, judge
 
 
 def verdict_table(study: optuna.Study) -> list[str]:
@@ -37,6 +39,31 @@ def verdict_table(study: optuna.Study) -> list[str]:
         evidence = a.get("accuracy_evidence") or a.get("error") or a.get("pruned_reason") or ""
         rate = a.get("throughput") or 0.0
         rows.append(f"| {t.number} | `{config}` | {rate:,.1f} | {verdict} | {evidence[:220]} |")
+    return rows
+
+
+def rejudge(study: optuna.Study) -> list[str]:
+    """Every measured trial judged again, from its stored trajectory and the stored reference bands, by the
+    current verdict rules: what a study recorded under older rules reads under the new ones."""
+    attrs = study.user_attrs
+    bands = reference_bands(attrs)
+    base = TrialConfig.from_dict(attrs["baseline_config"]).global_batch_size
+    rows = ["| trial | config | as run | judged again | evidence (judged again) |", "|---:|---|---|---|---|"]
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        a = t.user_attrs
+        if a.get("status") != "ok" or "config" not in a:
+            continue
+        config = TrialConfig.from_dict(a["config"])
+        batch = config.global_batch_size
+        own = batch in bands and batch != base
+        band = ReferenceBand.from_dict(bands.get(batch, bands[base]))
+        reference = attrs.get(f"reference_metric:batch={batch}") if own else attrs.get("reference_metric")
+        verdict = judge(a.get("losses") or [], a.get("metric"), band, reference_metric=reference,
+                        max_accuracy_loss=attrs.get("max_accuracy_loss", 0.01),
+                        metric_direction=attrs.get("metric_direction", "maximize"),
+                        baseline_metric=attrs.get("reference_metric") if own else None)
+        rows.append(f"| {t.number} | `{config.describe()}` | {a.get('accuracy_verdict', '')} | {verdict.label} | "
+                    f"{verdict.evidence[:220]} |")
     return rows
 
 
@@ -111,14 +138,20 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--studies-dir", default="studies")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--storage", help="read the study from this storage (e.g. a copied SQLite file)")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="with --report-only: add each trial judged again by the current verdict rules")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if not args.report_only:
         autotune.run(args.target, space=args.space, n_trials=args.trials, timeout=args.timeout,
                      study_name=args.study, trial_timeout=args.trial_timeout, batch_policy=args.batch_policy,
                      top_k=args.top_k, studies_dir=args.studies_dir, progress=False)
-    study, result = load_study_result(args.study, studies_dir=args.studies_dir)
+    study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     text = report(study, result, args)
+    if args.rejudge:
+        text += "\nJudged again offline by the current verdict rules, from the stored trajectories and bands:\n\n"
+        text += "\n".join(rejudge(study)) + "\n"
     Path(args.out).write_text(text)
     print(text)
 
