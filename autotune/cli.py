@@ -301,6 +301,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
             say("These numbers are single runs, not measured again: with --top-k 3 (the default) the fastest "
                 "configs and the baseline are measured again in alternation before a speed-up is claimed.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
+        _say_accuracy(say, result)
     if result.colocation_warning:
         say(f"[yellow]Warning: {result.colocation_warning}.[/yellow]")
     if result.best_per_device:
@@ -314,6 +315,28 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
     console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
+
+
+def _say_accuracy(say: Any, result: Any) -> None:
+    """The batch policy and the accuracy verdict of the best, as best_config.json records them."""
+    try:
+        doc = json.loads(Path(result.best_config_path).read_text()) if result.best_config_path else {}
+    except (OSError, ValueError):
+        return
+    policy = doc.get("batch_policy") or {}
+    if policy:
+        text = (f"Batch policy {policy.get('policy')}: global batch {policy.get('global_batch')} = micro-batch "
+                f"{policy.get('micro_batch')} x {policy.get('accumulation_steps')} accumulated")
+        if policy.get("policy") == "scale" and policy.get("global_batch") != result.baseline.global_batch_size:
+            text += (f"; it changes the optimisation (the baseline's global batch is "
+                     f"{result.baseline.global_batch_size}): a short trial cannot verify warm-up or the schedule")
+        say(text + ".")
+    if doc.get("accuracy_verdict"):
+        say(f"Accuracy verdict: {doc['accuracy_verdict']}: {doc.get('accuracy_evidence', '')}.")
+    check = doc.get("accuracy_check") or {}
+    if check.get("blind"):
+        say("[yellow]The accuracy check is blind here, so its verdict is not a pass: "
+            + "; ".join(check.get("reasons") or []) + ".[/yellow]")
 
 
 def _best(args: argparse.Namespace) -> int:

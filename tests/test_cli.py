@@ -141,6 +141,13 @@ def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
     assert len(budgeted) == 2
     assert study.user_attrs["space_name"] == "demo_cpu"
     assert all(t.user_attrs["status"] in ("ok", "pruned", "oom", "nan", "error", "crash", "timeout") for t in budgeted)
+    # The policy, the global batch and the best's verdict are in best_config.json and in the last lines.
+    policy = doc["batch_policy"]
+    assert policy["policy"] == "fixed" and policy["global_batch"] == 128
+    assert policy["micro_batch"] * policy["accumulation_steps"] == 128
+    assert f"Batch policy fixed: global batch 128 = micro-batch {policy['micro_batch']}" in proc.stdout
+    assert doc["accuracy_verdict"] in ("equivalent", "unchecked") and f"Accuracy verdict: {doc['accuracy_verdict']}" in proc.stdout
+    assert ("The accuracy check is blind here" in proc.stdout) == bool(doc["accuracy_check"]["blind"])
 
 
 def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path: Path) -> None:
@@ -185,3 +192,35 @@ def test_a_resumed_run_does_not_charge_the_trial_server_start_to_its_first_trial
     trial = optuna.load_study(study_name="resumed", storage=f"sqlite:///{studies}/autotune.db").trials[2]
     ask_to_tell = (trial.datetime_complete - trial.datetime_start).total_seconds()
     assert ask_to_tell - trial.user_attrs["run_seconds"] < 1.5, (ask_to_tell, trial.user_attrs["run_seconds"])
+
+
+@pytest.mark.parametrize("text, names", [
+    ("knobs:\n  batch_size: [16, 48, 64]\n", ["knobs.batch_size", "48", "does not divide the global batch 64"]),
+    ("knobs:\n  batch_size: [32, 64]\nbatch_policy: sideways\n", ["batch_policy", "sideways"]),
+    ("knobs:\n  batch_size: [32, 64]\nbatch_policy: scale\nglobal_batch: 128\n", ["global_batch", "batch_policy fixed"]),
+    ("knobs:\n  batch_size: [32]\nbaseline: {batch_size: 48}\nglobal_batch: 64\n", ["baseline.batch_size", "48"]),
+    ("knobs:\n  batch_size: [32, 64]\nglobal_batch: 1024\nbudget: {samples: 4096}\n", ["fewer than 8 optimizer steps"]),
+])
+def test_a_bad_batch_policy_or_batch_combination_fails_in_one_line(tmp_path: Path, text: str, names: list) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", bad, "--studies-dir", tmp_path / "studies", cwd=tmp_path)
+    assert_one_line_error(proc, str(bad), *names)
+    db = tmp_path / "studies" / "autotune.db"
+    assert not db.exists() or not optuna.get_all_study_summaries(f"sqlite:///{db}")  # no study was created
+
+
+def test_the_batch_policy_flag_overrides_the_space(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  batch_size: [16, 32, 64]\nbaseline: {batch_size: 32}\n"
+                     "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n")
+    proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--batch-policy", "scale", "--trials", 3,
+               "--top-k", 0, "--prune-below", 0, "--no-progress", "--studies-dir", tmp_path / "studies", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    study = optuna.load_study(study_name="train_tiny", storage=f"sqlite:///{tmp_path}/studies/autotune.db")
+    assert study.user_attrs["batch_policy"] == "scale"
+    batches = {t.user_attrs["config"]["batch_size"] for t in study.trials}
+    assert 64 in batches  # above the baseline's 32: only scale runs it
+    at_64 = next(t for t in study.trials if t.user_attrs["config"]["batch_size"] == 64)
+    assert at_64.user_attrs["config"]["global_batch"] is None and at_64.user_attrs["status"] == "ok"
+    assert "reference_band:batch=64" in study.user_attrs  # judged against fp32 at its own global batch
