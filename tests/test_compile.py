@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from pathlib import Path
 
 import optuna
@@ -28,6 +26,7 @@ from autotune.search._space import parse_space, restrict_to
 from autotune.study._isolation import run_isolated, start_trial_server
 from autotune.study._options import TrialOptions
 from autotune.trial._execute import TrialSpec
+from test_isolation import _gone
 from workloads import PIDFILE_ENV, WORKLOADS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -40,15 +39,6 @@ DEADLINE = 1.0
 COLD = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
 
 
-def _gone(pid: int, within: float = 15.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def compiled_spec(func: str, mode: str = "default", env: dict[str, str] = {}) -> TrialSpec:  # noqa: B006

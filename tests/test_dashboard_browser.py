@@ -111,7 +111,8 @@ def test_dashboard_shows_the_study_its_trials_notes_and_plots(chromium, dashboar
     assert "Objective X: throughput" in overview and "Objective Y: accuracy_loss" in overview
     assert "Study Artifacts" in overview
     attached = sorted(a["filename"] for a in study_artifacts(study))
-    assert attached == ["history.png", "pareto_front.png", "throughput_by_knob.png"]  # 2 trials: no importances
+    # 2 trials: no importances; the loss curves against the fp32 band are there (train_tiny records its loss)
+    assert attached == ["history.png", "loss_curves.png", "pareto_front.png", "throughput_by_knob.png"]
     for name in attached:  # listed by the dashboard from studies/artifacts
         assert name in overview, name
 
@@ -125,3 +126,4 @@ def test_dashboard_shows_the_study_its_trials_notes_and_plots(chromium, dashboar
 
     note = render(chromium, f"{page}/note", ARTIFACTS / "dashboard-note.png", profile)
     assert f"autotune: {STUDY}" in note and "Baseline:" in note and "Accuracy check:" in note
+    assert "Batch policy: fixed" in note and "Accuracy verdicts" in note
