@@ -86,16 +86,17 @@ class References:
         Stops at the first failed seed. Returns the config that ran and each seed's workdir and outcome."""
         repeats = self.options.reference_repeats
         done: list[tuple[str, TrialOutcome]] = []
+        split = False  # whether an out-of-memory split the global batch into smaller micro-batches
         for repeat in range(repeats):
             seed = self.seed + repeat
             while True:
                 ui.status(f"reference{where} {repeat + 1}/{repeats}: {config.describe()} (seed {seed})")
-                name = f"{workdir}-{repeat}" if config.accumulation_steps == 1 else f"{workdir}-{repeat}-micro{config.batch_size}"
+                name = f"{workdir}-{repeat}" + (f"-micro{config.batch_size}" if split else "")
                 outcome = self.runner.run(config, name, seed=seed)
                 smaller = _half_micro_batch(config) if outcome.status == "oom" and not done else None
                 if smaller is None:
                     break
-                config = smaller
+                config, split = smaller, True
             done.append((name, outcome))
             if not outcome.ok:
                 break
