@@ -301,17 +301,20 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             scored.append((-gain / seconds, i, candidate))
         return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
 
+    def _lines(self, seen: list[_Seen], name: str) -> list[list[_Seen]]:
+        """The measured trials in groups that differ only in knob ``name`` (lines along that knob)."""
+        groups: dict[str, list[_Seen]] = {}
+        for s in seen:
+            if s.value and name in s.params:
+                groups.setdefault(self._rest_key(s.params, name), []).append(s)
+        return list(groups.values())
+
     def _measured_slower(self, seen: list[_Seen]) -> set[tuple[str, str, str]]:
         """(knob, value, other) keyed by ``_key([...])`` where a measured pair differing only in that knob
         shows ``value`` slower than ``other``."""
         out = set()
-        ran = [s for s in seen if s.value]
         for name in self._order:
-            groups: dict[str, list[_Seen]] = {}
-            for s in ran:
-                if name in s.params:
-                    groups.setdefault(self._rest_key(s.params, name), []).append(s)
-            for members in groups.values():
+            for members in self._lines(seen, name):
                 for a, b in itertools.permutations(members, 2):
                     if a.params[name] != b.params[name] and (a.value or 0) < (b.value or 0):
                         out.add((name, self._key([a.params[name]]), self._key([b.params[name]])))
@@ -321,13 +324,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         """Knobs whose measured pairs (differing only in that knob), on two lines or more, are all within a
         few percent: one pair at one incumbent is not enough to judge a knob."""
         out = set()
-        ran = [s for s in seen if s.value]
         for name in self._order:
-            groups: dict[str, list[float]] = {}
-            for s in ran:
-                if name in s.params:
-                    groups.setdefault(self._rest_key(s.params, name), []).append(float(s.value or 0.0))
-            pairs = [max(v) / min(v) for v in groups.values() if len(v) > 1]
+            lines = [[float(s.value or 0.0) for s in line] for line in self._lines(seen, name)]
+            pairs = [max(v) / min(v) for v in lines if len(v) > 1]
             if len(pairs) >= 2 and max(pairs) < 1 + self._skip_margin / 3:
                 out.add(name)
         return out
