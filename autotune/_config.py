@@ -335,6 +335,14 @@ class Result:
         return f"its {self.speedup:.2f}x is inside the measured spread ({self.spread_text})"
 
 
+def bin_means(values: list[float], points: int) -> tuple[list[float], int]:
+    """``values`` averaged over consecutive bins so that at most ``points`` remain, and the bin size."""
+    every = max(1, -(-len(values) // points))
+    if every == 1:
+        return list(values), 1
+    return [sum(values[i:i + every]) / len(values[i:i + every]) for i in range(0, len(values), every)], every
+
+
 def dumps(data: Any) -> str:
     """Canonical JSON (sorted keys) used for fingerprints and files."""
     return json.dumps(data, sort_keys=True, indent=2, default=str)

@@ -9,11 +9,11 @@ does not fit in memory runs at a micro-batch that does, with gradient accumulati
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import optuna
 
-from autotune._config import Measurement, TrialConfig, TrialOutcome
+from autotune._config import Measurement, TrialConfig, TrialOutcome, bin_means
 from autotune._errors import WorkloadError
 from autotune._records import (
     BATCH_REFERENCE,
@@ -129,36 +129,41 @@ class References:
                 study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch}", band.metric_band)
         return time.perf_counter() - started
 
-    def band(self, study: optuna.Study, global_batch: int) -> tuple[ReferenceBand, Optional[float], str]:
-        """The references a trial at this global batch is judged against, their metric, and a note when
-        they are the baseline's instead of its own global batch's."""
-        attrs = study.user_attrs
-        own = attrs.get(f"{BATCH_REFERENCE_BAND}{global_batch}")
-        if own is not None:
-            return ReferenceBand.from_dict(own), attrs.get(f"{BATCH_REFERENCE}{global_batch}"), ""
-        baseline = _stored_band(attrs)
-        note = ""
-        if global_batch != self._baseline.global_batch_size:
-            why = attrs.get(f"{BATCH_REFERENCE_FAILED}{global_batch}")
-            note = (f"judged against fp32 at the baseline's global batch {self._baseline.global_batch_size}"
-                    + (f" (the reference at {global_batch} failed: {why})" if why else ""))
-        return baseline, attrs.get("reference_metric"), note
-
     def judge(self, study: optuna.Study, config: TrialConfig, measurement: Measurement) -> Verdict:
         """The accuracy verdict of a trial that ran to the end."""
-        band, reference_metric, note = self.band(study, config.global_batch_size)
-        own_batch = config.global_batch_size != self._baseline.global_batch_size and not note
-        verdict = judge(measurement.losses, measurement.metric, band, reference_metric=reference_metric,
-                        max_accuracy_loss=self.options.max_accuracy_loss,
-                        metric_direction=self.options.metric_direction,
-                        baseline_metric=study.user_attrs.get("reference_metric") if own_batch else None)
-        if note:
-            return Verdict(verdict.label, f"{verdict.evidence} ({note})", verdict.accuracy_loss, verdict.constraint)
-        return verdict
+        return judge_stored(study.user_attrs, config, measurement.losses, measurement.metric,
+                            baseline_global_batch=self._baseline.global_batch_size,
+                            max_accuracy_loss=self.options.max_accuracy_loss,
+                            metric_direction=self.options.metric_direction)
 
     def blind_reasons(self, study: optuna.Study) -> list[str]:
         """Why the study's accuracy check cannot see harm, if it cannot (from the baseline's references)."""
         return _stored_band(study.user_attrs).blind_reasons(self.options.max_accuracy_loss)
+
+
+def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[float], metric: Optional[float], *,
+                 baseline_global_batch: int, max_accuracy_loss: float, metric_direction: str) -> Verdict:
+    """Judge a trial at ``config``'s global batch against the references a study stored (``attrs``): its own
+    global batch's when recorded, else the baseline's, with a note saying so. A pure function of stored
+    numbers, so a finished study can be judged again by the current rules."""
+    batch = config.global_batch_size
+    own = attrs.get(f"{BATCH_REFERENCE_BAND}{batch}")
+    note = ""
+    if own is not None:
+        band, reference_metric = ReferenceBand.from_dict(own), attrs.get(f"{BATCH_REFERENCE}{batch}")
+    else:
+        band, reference_metric = _stored_band(attrs), attrs.get("reference_metric")
+        if batch != baseline_global_batch:
+            why = attrs.get(f"{BATCH_REFERENCE_FAILED}{batch}")
+            note = (f"judged against fp32 at the baseline's global batch {baseline_global_batch}"
+                    + (f" (the reference at {batch} failed: {why})" if why else ""))
+    own_batch = own is not None and batch != baseline_global_batch
+    verdict = judge(losses, metric, band, reference_metric=reference_metric, max_accuracy_loss=max_accuracy_loss,
+                    metric_direction=metric_direction,
+                    baseline_metric=attrs.get("reference_metric") if own_batch else None)
+    if note:
+        return Verdict(verdict.label, f"{verdict.evidence} ({note})", verdict.accuracy_loss, verdict.constraint)
+    return verdict
 
 
 def _stored_band(attrs: dict[str, Any]) -> ReferenceBand:
@@ -179,6 +184,4 @@ def _half_micro_batch(config: TrialConfig) -> Optional[TrialConfig]:
 
 def _curve(m: Measurement) -> list[float]:
     """A reference's loss trajectory thinned to ``CURVE_POINTS`` for the plot."""
-    losses = list(m.losses)
-    every = max(1, -(-len(losses) // CURVE_POINTS))
-    return [round(sum(losses[i:i + every]) / len(losses[i:i + every]), 6) for i in range(0, len(losses), every)]
+    return [round(v, 6) for v in bin_means(list(m.losses), CURVE_POINTS)[0]]

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from autotune.trial import _images, _knobs, _phase
-from autotune._config import Budget, Measurement, TrialConfig
+from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
@@ -326,10 +326,7 @@ class TrialContext:
             losses = torch.stack([v.to("cpu") for v in self._recorded_losses]).tolist()
         else:
             losses = next((t for t in (s.loss_trajectory() for s in self._train_steps) if t), [])
-        every = max(1, -(-len(losses) // MAX_TRAJECTORY))
-        if every > 1:
-            losses = [sum(losses[i:i + every]) / len(losses[i:i + every]) for i in range(0, len(losses), every)]
-        return losses, every
+        return bin_means(losses, MAX_TRAJECTORY)
 
     def _check_finite(self) -> None:
         for step in self._train_steps:

@@ -23,9 +23,8 @@ from optuna.trial import TrialState
 import autotune
 from autotune._api import load_study_result
 from autotune._config import TrialConfig
-from autotune._records import reference_bands
 from autotune.insight._accuracy import accuracy_lines
-from autotune.study._verdict import ReferenceBand, judge
+from autotune.study._references import judge_stored
 
 
 def verdict_table(study: optuna.Study) -> list[str]:
@@ -46,7 +45,6 @@ def rejudge(study: optuna.Study) -> list[str]:
     """Every measured trial judged again, from its stored trajectory and the stored reference bands, by the
     current verdict rules: what a study recorded under older rules reads under the new ones."""
     attrs = study.user_attrs
-    bands = reference_bands(attrs)
     base = TrialConfig.from_dict(attrs["baseline_config"]).global_batch_size
     rows = ["| trial | config | as run | judged again | evidence (judged again) |", "|---:|---|---|---|---|"]
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -54,14 +52,9 @@ def rejudge(study: optuna.Study) -> list[str]:
         if a.get("status") != "ok" or "config" not in a:
             continue
         config = TrialConfig.from_dict(a["config"])
-        batch = config.global_batch_size
-        own = batch in bands and batch != base
-        band = ReferenceBand.from_dict(bands.get(batch, bands[base]))
-        reference = attrs.get(f"reference_metric:batch={batch}") if own else attrs.get("reference_metric")
-        verdict = judge(a.get("losses") or [], a.get("metric"), band, reference_metric=reference,
-                        max_accuracy_loss=attrs.get("max_accuracy_loss", 0.01),
-                        metric_direction=attrs.get("metric_direction", "maximize"),
-                        baseline_metric=attrs.get("reference_metric") if own else None)
+        verdict = judge_stored(attrs, config, a.get("losses") or [], a.get("metric"), baseline_global_batch=base,
+                               max_accuracy_loss=attrs.get("max_accuracy_loss", 0.01),
+                               metric_direction=attrs.get("metric_direction", "maximize"))
         rows.append(f"| {t.number} | `{config.describe()}` | {a.get('accuracy_verdict', '')} | {verdict.label} | "
                     f"{verdict.evidence[:220]} |")
     return rows
