@@ -180,7 +180,7 @@ def _tune(args: argparse.Namespace, target: str) -> int:
             os.environ["CUDA_VISIBLE_DEVICES"] = workers[0]["CUDA_VISIBLE_DEVICES"]
         args.storage, args.study = storage, result.study_name
     result = _tuner(args, target).run()
-    print_summary(result, storage=args.storage, studies_dir=args.studies_dir)
+    print_summary(result, storage=args.storage, studies_dir=args.studies_dir, top_k=args.top_k)
     return 0
 
 
@@ -262,11 +262,12 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> None:
-    from rich.console import Console
+def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_k: int = 3) -> None:
     from rich.table import Table
 
-    console = Console()
+    from autotune.study._progress import make_console
+
+    console = make_console()
 
     def say(text: str) -> None:
         console.print(text, highlight=False, soft_wrap=True)  # one line each, so it can be searched
@@ -282,7 +283,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         table.add_row("best", result.best.config.describe(), f"{result.best.throughput:,.1f}",
                       f"{result.best.accuracy_loss:+.4f}")
     table.caption = ("samples/s: medians of the top-K alternation, the baseline alternated with the fastest"
-                     if alternated else "samples/s: single runs, not measured again")
+                     if alternated else "samples/s: single runs" + (" (--top-k 0)" if top_k < 1 else ""))
     console.print(table)
     if result.best is None:
         console.print("No feasible config was found; see the trials' failures in the dashboard.")
@@ -297,9 +298,10 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
             say("Why it wins: it changes " + "; ".join(changed) + ".")
         else:
             say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
-        if not alternated and not result.is_baseline:
-            say("These numbers are single runs, not measured again: with --top-k 3 (the default) the fastest "
-                "configs and the baseline are measured again in alternation before a speed-up is claimed.")
+        if not alternated and not result.is_baseline and top_k >= 2:
+            # With --top-k 0 (or 1) the user chose single runs: the caption says so, and no advice is due.
+            say("These numbers are single runs: the top-K re-measurement did not run, since fewer than two "
+                "feasible configs (the baseline counting as one) were there to alternate.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         _say_accuracy(say, result)
     if result.colocation_warning:
@@ -309,7 +311,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         for device, record in sorted(result.best_per_device.items()):
             console.print(f"  {device}: {record.throughput:,.1f}/s  {record.config.describe()} (trial #{record.number})")
     if result.removed_knobs:
-        console.print("Removed before the search (capability probe, compile break-even): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
+        console.print("Removed before the search (capability probe, compile break-even, what the reference run "
+                      "showed of the model): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()),
+                      markup=False, highlight=False, soft_wrap=True)
     console.print(f"Best config written to {result.best_config_path}")
     from autotune.study._storage import default_storage_url, mask_url
 
@@ -410,8 +414,9 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summaries_document(table, summaries, **settings)))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from autotune.study._progress import make_console
 
     best = table.best(args.max_accuracy_loss)
     out = Table(title=f"{table.name}: {len(table)} rows of {table.size} configs; best {best.throughput:,.1f}/s",
@@ -425,7 +430,7 @@ def _simulate(args: argparse.Namespace) -> int:
         minutes = [f"{m:.1f}" if m is not None else "-" for m in (s.minutes_to_95_median, s.minutes_to_95_worst)]
         out.add_row(s.strategy, f"{s.trials_to_95_median:g}", str(s.trials_to_95_worst), *minutes,
                     f"{s.best_fraction_median:.3f}")
-    Console().print(out)
+    make_console().print(out)
     return 0
 
 

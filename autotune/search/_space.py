@@ -509,8 +509,31 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
         # Without a GPU DALI still runs (CPU-only mode), so only a missing or broken install removes it.
         why = (caps.extras or {}).get("dali_reason") or "nvidia.dali is not importable"
         removals.append(("loader", "dali", f"{why} (install the `dali` extra: pip install -e '.[dali]')"))
+    spec = space.knobs.get("cpu_threads")
+    if caps.cpu_count > 0:  # 0: not probed
+        for value in spec.values if spec else ():
+            if value is not None and value > caps.cpu_count:
+                removals.append(("cpu_threads", value, f"this process may use {caps.cpu_count} cores (its CPU "
+                                 f"affinity): more compute threads than cores cannot run in parallel"))
     for knob, value, why in removals:
         space = space.without(knob, value, why)
+    return space
+
+
+# Why channels_last goes when the reference run shows no layer with 4-D activations (see ``restrict_to_model``).
+NO_4D_ACTIVATIONS = ("the model has no 4-D activations (ctx.model found no Conv2d, BatchNorm2d or pooling "
+                     "layer in the reference run): the memory format changes nothing")
+
+
+def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool]) -> SearchSpace:
+    """Remove the knob values that cannot matter for this model, recording why.
+
+    ``activations_4d`` is what the reference run recorded (``ctx.model`` looks for image layers; None when
+    the workload did not call it). Without 4-D activations there is no memory format to change, so
+    ``channels_last=true`` goes, unless the baseline itself uses it.
+    """
+    if activations_4d is False and not space.baseline.channels_last:
+        space = space.without("channels_last", True, NO_4D_ACTIVATIONS)
     return space
 
 

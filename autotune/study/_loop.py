@@ -54,6 +54,7 @@ class TrialLoop:
         self.seed = seed
         self.identity = identity
         self.sampler_done = False
+        self._implied = 0  # configs the last out-of-memory ruled out (_record_implied_oom), to report
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
@@ -102,6 +103,7 @@ class TrialLoop:
         reason = infeasible_reason(config.to_dict(), self._oom_configs())
         if reason:
             self._prune_infeasible(trial, config, reason)
+            ui.ruled_out(trial.number, config, reason)
             return "infeasible"
         ui.start_trial(trial.number, config)
         duplicate = self._duplicate_of(trial)
@@ -125,6 +127,10 @@ class TrialLoop:
                 study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
             raise
         ui.end_trial(study.trials[trial.number])
+        if self._implied:
+            ui.say(f"  memory rule: {self._implied} config{'s' if self._implied != 1 else ''} that need more memory "
+                   f"than #{trial.number} recorded as pruned, not run")
+            self._implied = 0
         ui.set_completed(self.finished_count())
         ui.set_best(_best_record(study))
         ui.set_minutes(study)
@@ -278,6 +284,7 @@ class TrialLoop:
                 asked = space.asked_params(candidate.to_dict())  # only searchable knobs are asked
                 if reason is None or json.dumps(asked, sort_keys=True) in taken:
                     continue
+                self._implied += 1
                 study.add_trial(optuna.trial.create_trial(
                     state=TrialState.PRUNED,
                     params=asked,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from optuna.trial import FrozenTrial
@@ -28,6 +29,21 @@ def minutes_text(study: Any, total: int) -> str:
     return f"{spent / 60:.1f} min spent, ~{(spent + left) / 60:.0f} min predicted"
 
 
+# Without a terminal rich would wrap at 80 columns, which breaks a line of a log or a pipe in the middle of a
+# config; a wide console keeps each line whole (COLUMNS, when set, still wins).
+WIDE_COLUMNS = 240
+
+
+def make_console(**options: Any) -> Any:
+    """A rich Console, WIDE_COLUMNS wide when its output is not a terminal and COLUMNS is not set."""
+    from rich.console import Console
+
+    console = Console(**options)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=WIDE_COLUMNS, **options)
+    return console
+
+
 class _Progress:
     """A rich progress bar: trial number, current config, best so far. Silent when disabled."""
 
@@ -49,6 +65,7 @@ class _Progress:
                 BarColumn(bar_width=20),
                 TimeElapsedColumn(),
                 TextColumn("{task.description}"),
+                console=make_console(),
             )
             self._progress.__enter__()
             self._task = self._progress.add_task("starting", total=self.total)
@@ -75,6 +92,15 @@ class _Progress:
     def start_trial(self, number: int, config: TrialConfig) -> None:
         self.status(f"#{number} {config.describe()}")
 
+    def say(self, text: str) -> None:
+        """One line above the bar, printed as it is (no markup, no wrapping)."""
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def ruled_out(self, number: int, config: TrialConfig, reason: str) -> None:
+        """The memory rule answered a proposed config without running it."""
+        self.say(f"  #{number:<3} {'skipped':<7} {'':>12}  {config.describe()}  [{reason}; not run]")
+
     def end_trial(self, trial: FrozenTrial) -> None:
         if self._progress is None:
             return
@@ -85,7 +111,9 @@ class _Progress:
         if status == "ok" and trial.constraints.get("accuracy", 0.0) > 0:
             # Measured, but it lost more accuracy than allowed: it cannot be the best, whatever its speed.
             note = f"  [accuracy loss {trial.user_attrs.get('accuracy_loss', float('nan')):+.3f} over bound]"
-        self._progress.console.print(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}{note}", markup=False)
+        if trial.user_attrs.get("role") == "reference":
+            status, note = "ref", "  [the fp32 reference run: the baseline]"
+        self.say(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}{note}")
 
     def set_completed(self, count: int) -> None:
         if self._progress is not None:

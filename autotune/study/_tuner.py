@@ -190,6 +190,26 @@ class Tuner:
             return space
         return _compile.restrict_expensive_compiles(space, _compile.CompilePlan.from_dict(stored))
 
+    @staticmethod
+    def _show_reference(study: optuna.Study, reference: dict[str, Any], ui: _Progress) -> None:
+        """The reference run's line: trial 0 when the baseline is a point of the space, else unnumbered."""
+        first = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") == "reference"), None)
+        if first is not None:
+            ui.end_trial(first)
+            return
+        config = TrialConfig.from_dict(reference["baseline_config"]).describe()
+        ui.say(f"  {'-':<4} {'ref':<7} {reference['baseline_throughput']:>10,.1f}/s  {config}  "
+               "[the fp32 reference run: the baseline, not a point of the space]")
+
+    def _stored_model_restriction(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
+        """A resumed study keeps what its reference run showed about the model (e.g. no 4-D activations)."""
+        if not study_exists(storage, self.study_name):
+            return space
+        attrs = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs
+        if "channels_last=true" not in (attrs.get("removed_knobs") or {}):
+            return space  # created before this rule, or the model has 4-D activations
+        return _space.restrict_to_model(space, activations_4d=_activations_4d(attrs))
+
     def _add_baseline_trial(self, study: optuna.Study, space: _space.SearchSpace, reference: dict[str, Any]) -> None:
         """Record the first reference run as trial 0, so the untuned config competes like any other.
 
@@ -256,6 +276,7 @@ class Tuner:
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
             space = self._stored_compile_plan(storage, space)
+            space = self._stored_model_restriction(storage, space)
             study = self._load_existing(storage, space)
         studies_dir = opts.study.studies_dir
         runner = TrialRunner(target=self.target, logdir=study_dir(self.study_name, studies_dir) / "logs",
@@ -267,9 +288,12 @@ class Tuner:
             if study is None or "reference_metrics" not in study.user_attrs:
                 reference = references.baseline(ui)
                 if study is None:
-                    # After the reference: a length in steps is converted at its measured rate.
+                    # After the reference: a length in steps is converted at its measured rate, and the
+                    # reference run shows which knobs cannot matter for this model.
                     space = self._plan_compiles(space, reference)
+                    space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference))
                     study = self._create(storage, space, caps, reference)
+                    self._show_reference(study, reference, ui)
                 else:
                     for key, value in reference.items():
                         study.set_user_attr(key, value)
@@ -302,6 +326,12 @@ class Tuner:
         if line and study.user_attrs.get(COLOCATION) != line:  # a worker that sees the same says it once
             study.set_user_attr(COLOCATION, line)
             print(f"autotune: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _activations_4d(reference: dict[str, Any]) -> Optional[bool]:
+    """Whether the reference run's model has 4-D activations (None when it did not say)."""
+    value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("activations_4d")
+    return value if isinstance(value, bool) else None
 
 
 class _BaselineAsker:
