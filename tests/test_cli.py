@@ -224,3 +224,34 @@ def test_the_batch_policy_flag_overrides_the_space(tmp_path: Path) -> None:
     at_64 = next(t for t in study.trials if t.user_attrs["config"]["batch_size"] == 64)
     assert at_64.user_attrs["config"]["global_batch"] is None and at_64.user_attrs["status"] == "ok"
     assert "reference_band:batch=64" in study.user_attrs  # judged against fp32 at its own global batch
+
+
+def test_tune_without_a_terminal_prints_whole_lines_for_every_trial(tmp_path: Path) -> None:
+    """stdout piped, no COLUMNS: nothing wraps at 80 columns; the reference run (trial 0) and the configs the
+    memory rule rules out get a line each; the probe says what it dropped and why; --top-k 0 gets no advice."""
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  batch_size: [64, 256, 512]\n  channels_last: [false, true]\n  cpu_threads: [1, 4096]\n"
+                     "baseline: {batch_size: 64, cpu_threads: 1}\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    args = ["tune", f"{WORKLOADS}:train_oom_at_256", "--space", space, "--batch-policy", "scale", "--trials", 3,
+            "--top-k", 0, "--prune-below", 0, "--studies-dir", tmp_path / "studies"]
+    proc = subprocess.run([sys.executable, "-m", "autotune", *map(str, args)], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    study = optuna.load_study(study_name="train_oom_at_256", storage=f"sqlite:///{tmp_path}/studies/autotune.db")
+    removed = study.user_attrs["removed_knobs"]
+    assert "this process may use" in removed["cpu_threads=4096"]  # more threads than usable cores
+    assert "no 4-D activations" in removed["channels_last=true"]  # an MLP: the memory format cannot matter
+    (said,) = [line for line in lines if line.startswith("Removed before the search")]
+    assert "cpu_threads=4096 (this process may use" in said and "channels_last=true (the model has no 4-D" in said
+    assert len(said) > 80  # one line, however long
+    reference = study.trials[0]
+    assert reference.user_attrs["role"] == "reference"
+    assert any(line.startswith("  #0   ref ") and "fp32 reference run" in line for line in lines), proc.stdout
+    oom = [t for t in study.trials if t.user_attrs.get("status") == "oom"]
+    implied = [t for t in study.trials if t.user_attrs.get("status") == "infeasible"]
+    assert oom and implied, [t.user_attrs.get("config") for t in study.trials]
+    assert any(line.startswith(f"  #{oom[0].number:<3} oom ") for line in lines), proc.stdout
+    assert any(f"memory rule: {len(implied)} config" in line and f"than #{oom[0].number}" in line for line in lines)
+    assert "--top-k 3" not in proc.stdout and "re-measurement" not in proc.stdout
