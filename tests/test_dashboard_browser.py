@@ -29,7 +29,7 @@ from workloads import WORKLOADS
 
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).resolve().parent / "artifacts")
 STUDY = "browser-e2e"
-SPACE = "knobs:\n  channels_last: [false, true]\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n"
+SPACE = "knobs:\n  cpu_threads: [null, 1]\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n"
 
 
 @pytest.fixture(scope="module")

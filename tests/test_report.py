@@ -33,8 +33,9 @@ from workloads import WORKLOADS
 SPACE = """\
 knobs:
   batch_size: [64, 128, 256]
-  channels_last: [false, true]
+  cpu_threads: [1, 2]
   pin_memory: [false, true]
+baseline: {cpu_threads: 1}
 batch_policy: scale
 budget: {samples: 1024, warmup_steps: 1, windows: 3}
 """
@@ -43,7 +44,7 @@ PRUNED_REASON = "pruned: first window ran at 10.0 samples/s, below 900.0"
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict:
-    """A study of 4 trials: the reference (bs64), bs256 (out of memory), bs128 and bs64 channels_last, plus a
+    """A study of 4 trials: the reference (bs64), bs256 (out of memory), bs128 and bs64 on 2 threads, plus a
     PRUNED trial added the way the tuner records one."""
     tmp = tmp_path_factory.mktemp("report")
     (tmp / "space.yaml").write_text(SPACE)
@@ -54,15 +55,15 @@ def made(tmp_path_factory) -> dict:
                    prune_below=None)  # timing noise on a busy CPU must not prune the enqueued trials
     Tuner(f"{WORKLOADS}:train_oom_at_256", n_trials=1, **options).run()  # trial 0 is the reference run
     study = optuna.load_study(study_name="report-e2e", storage=url)
-    for batch, layout in ((256, True), (128, True), (64, True)):
-        study.enqueue_trial({"batch_size": batch, "channels_last": layout})
+    for batch in (256, 128, 64):
+        study.enqueue_trial({"batch_size": batch, "cpu_threads": 2})
     Tuner(f"{WORKLOADS}:train_oom_at_256", n_trials=4, **options).run()
     study = optuna.load_study(study_name="report-e2e", storage=url)
     study.add_trial(optuna.trial.create_trial(
         state=TrialState.PRUNED,
-        params={"batch_size": 128, "channels_last": False},
+        params={"batch_size": 128, "cpu_threads": 1},
         distributions={"batch_size": CategoricalDistribution([64, 128, 256]),
-                       "channels_last": CategoricalDistribution([False, True])},
+                       "cpu_threads": CategoricalDistribution([1, 2])},
         user_attrs={"status": "pruned", "pruned_reason": PRUNED_REASON, "throughput": 10.0,
                     "data_wait_fraction": 0.5, "step_time": 1.0,
                     "config": {**study.trials[0].user_attrs["config"], "batch_size": 128}},
@@ -130,16 +131,16 @@ def test_report_command_writes_html_and_pngs(made) -> None:
     out = made["studies"] / "report-e2e"
     html = (out / "report.html").read_text()
     assert f"report written to {out / 'report.html'} ({len(PLOTS)} PNGs" in proc.stdout
-    for text in ("throughput", "accuracy_loss", "batch_size", "channels_last", "Plotly", MEMORY_CAPACITY_BOUND,
+    for text in ("throughput", "accuracy_loss", "batch_size", "cpu_threads", "Plotly", MEMORY_CAPACITY_BOUND,
                  PRUNED_REASON, "out of memory", "pin_memory=true", *[title for title, _ in PLOTS.values()]):
         assert text in html, text
     assert html.count('class="plotly-graph-div"') == len(PLOTS)
     assert "not drawn" not in proc.stdout.lower()
     expected = {  # texts drawn on each PNG (kept in its metadata)
-        "throughput_by_knob": ["throughput", "batch_size", "channels_last", "64", "256"],
-        "pareto_front": ["throughput", "accuracy_loss", "Infeasible Trial"],
-        "importances": ["batch_size", "channels_last", "throughput"],
-        "history": ["throughput", "out of memory", "pruned"],
+        "throughput_by_knob": ["throughput (samples/s)", "batch_size", "cpu_threads", "64", "256"],
+        "pareto_front": ["throughput (samples/s)", "accuracy loss (metric units)", "Infeasible Trial"],
+        "importances": ["batch_size", "cpu_threads", "throughput"],
+        "history": ["throughput (samples/s)", "out of memory", "pruned"],
     }
     for name, texts in expected.items():
         with Image.open(out / f"{name}.png") as image:
@@ -172,3 +173,60 @@ def test_report_without_the_plots_extra_is_a_report_error(made, monkeypatch) -> 
     monkeypatch.setitem(sys.modules, "plotly", None)  # as if `autotune[plots]` were not installed
     with pytest.raises(ReportError, match=r"the report needs plotly: pip install 'autotune\[plots\]'"):
         write_report(made["study"], studies_dir=made["studies"])
+
+
+def _windowed_study() -> optuna.Study:
+    """Four feasible trials in memory, each with three timed windows around its throughput."""
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for i, (batch, threads) in enumerate(((64, 1), (128, 1), (64, 2), (128, 2))):
+        rate = 100.0 * (i + 1)
+        study.add_trial(optuna.trial.create_trial(
+            params={"batch_size": batch, "cpu_threads": threads},
+            distributions={"batch_size": CategoricalDistribution([64, 128]), "cpu_threads": CategoricalDistribution([1, 2])},
+            values=[rate, 0.01 * (3 - i)], user_attrs={"window_throughputs": [0.9 * rate, rate, 1.05 * rate]},
+            system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -1.0}))
+    return study
+
+
+def _not_white(colour) -> bool:
+    return min(colour[:3]) < 0.9
+
+
+def test_plots_have_units_window_error_bars_and_a_visible_trial_0() -> None:
+    from matplotlib.collections import LineCollection, PathCollection
+    from matplotlib.colors import to_rgb
+    from optuna.visualization import matplotlib as mvis
+
+    from autotune.insight._report import _matplotlib_spread, _plotly_figures
+
+    study = _windowed_study()
+    below = {t.number: 0.1 * t.values[0] for t in study.trials}  # the slowest window, under the median
+    above = {t.number: 0.05 * t.values[0] for t in study.trials}
+    figures, _ = _plotly_figures(study)
+    for trace in figures["throughput_by_knob"].data:
+        numbers = list(trace.marker.color)
+        assert list(trace.error_y.array) == pytest.approx([above[n] for n in numbers])
+        assert list(trace.error_y.arrayminus) == pytest.approx([below[n] for n in numbers])
+        first = trace.marker.colorscale[0][1]  # the colour of the lowest trial number, trial 0
+        assert _not_white([int(c) / 255 for c in first[4:-1].split(",")]), first
+    assert figures["throughput_by_knob"].layout.yaxis.title.text == "throughput (samples/s)"
+    (history,) = [t for t in figures["history"].data if t.name == "throughput (samples/s)"]
+    assert list(history.error_y.array) == pytest.approx([above[n] for n in history.x])
+    assert figures["history"].layout.yaxis.title.text == "throughput (samples/s)"
+    front = [t for t in figures["pareto_front"].data if t.error_x is not None and t.error_x.array is not None]
+    assert front and all(len(t.error_x.array) == len(t.x) for t in front)
+    assert figures["pareto_front"].layout.xaxis.title.text == "throughput (samples/s)"
+
+    axes = _matplotlib_spread(study, mvis.plot_slice(study, target=lambda t: t.values[0],
+                                                     target_name="throughput (samples/s)"), "y", by="colour")
+    for ax in axes.flat:
+        (points,) = [c for c in ax.collections if isinstance(c, PathCollection) and c.get_array() is not None]
+        assert _not_white(points.cmap(0.0)) and _not_white(points.cmap(points.norm(0)))
+        bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+        assert bars and len(bars[0].get_segments()) == len(study.trials)  # one bar per trial
+        spans = sorted(round(abs(seg[1][1] - seg[0][1]), 6) for seg in bars[0].get_segments())
+        assert spans == sorted(round(0.15 * t.values[0], 6) for t in study.trials)  # slowest to fastest window
+        assert to_rgb(bars[0].get_colors()[0]) != (1.0, 1.0, 1.0)
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

@@ -24,11 +24,12 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 TINY_BUDGET = "budget: {samples: 512, warmup_steps: 1, windows: 3}\n"
 # Knobs that do not change the numbers of an MLP, so every config keeps the reference accuracy. (Loader
 # workers are left out of train_tiny's spaces: each worker start costs seconds in a trial process.)
-NEUTRAL_SPACE = "knobs:\n  cpu_threads: [1, 2]\n  channels_last: [false, true]\n  pin_memory: [false, true]\n" + TINY_BUDGET
-CHANNELS_SPACE = "knobs:\n  channels_last: [false, true]\n" + TINY_BUDGET
+# (channels_last is no such knob: the probe removes it for a model without 4-D activations, as this MLP.)
+NEUTRAL_SPACE = "knobs:\n  cpu_threads: [null, 1, 2]\n  pin_memory: [false, true]\n" + TINY_BUDGET
+THREADS_SPACE = "knobs:\n  cpu_threads: [null, 1]\n" + TINY_BUDGET
 # For the manual-reporting workloads, which build no loader: num_workers only labels the config.
 WORKERS_SPACE = "knobs:\n  num_workers: [0, 1]\n" + TINY_BUDGET
-OOM_SPACE = ("knobs:\n  batch_size: [64, 256]\n  channels_last: [false, true]\nbatch_policy: scale\n"
+OOM_SPACE = ("knobs:\n  batch_size: [64, 256]\n  cpu_threads: [null, 1]\nbatch_policy: scale\n"
              "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n")
 
 
@@ -150,17 +151,17 @@ def test_oom_config_is_infeasible_and_the_study_goes_on(tmp_path: Path, cpu_caps
     study = open_study(sqlite_url(tmp_path), "oom")
     reference = study.user_attrs["reference_throughputs"]
     # Resume with batch 256 and then batch 64 queued next (real Optuna enqueues on the tuner's study),
-    # in the channels_last setting trial 0 did not use, so that both are new configs and really run.
-    layout = not study.get_trials()[0].params["channels_last"]
-    study.enqueue_trial({"batch_size": 256, "channels_last": layout})
-    study.enqueue_trial({"batch_size": 64, "channels_last": layout})
+    # in the thread setting trial 0 did not use, so that both are new configs and really run.
+    threads = 1 if study.get_trials()[0].params["cpu_threads"] is None else None
+    study.enqueue_trial({"batch_size": 256, "cpu_threads": threads})
+    study.enqueue_trial({"batch_size": 64, "cpu_threads": threads})
     result = make_tuner(tmp_path, cpu_caps, "train_oom_at_256", space, n_trials=3, study_name="oom").run()
 
     study = open_study(sqlite_url(tmp_path), "oom")
     trials = study.get_trials()
     assert len(trials) == 3 and all(t.state == TrialState.COMPLETE for t in trials)
     failed, after = trials[1], trials[2]
-    assert failed.params == {"batch_size": 256, "channels_last": layout}
+    assert failed.params == {"batch_size": 256, "cpu_threads": threads}
     assert "duplicate_of" not in failed.user_attrs
     assert failed.user_attrs["status"] == "oom"
     assert failed.user_attrs["failure"] == "oom"
@@ -170,7 +171,7 @@ def test_oom_config_is_infeasible_and_the_study_goes_on(tmp_path: Path, cpu_caps
     assert failed.values[0] == 0.0 and math.isinf(failed.values[1])
 
     # The study went on after the failure: the next config ran, succeeded, and is the best.
-    assert after.params == {"batch_size": 64, "channels_last": layout}
+    assert after.params == {"batch_size": 64, "cpu_threads": threads}
     assert after.user_attrs["status"] == "ok" and "duplicate_of" not in after.user_attrs
     assert all(v <= 0 for v in after.constraints.values())
     assert result.best is not None and result.best.config.batch_size == 64
@@ -204,7 +205,7 @@ def test_resuming_with_a_changed_space_is_refused(tmp_path: Path, cpu_caps, writ
 )
 def test_reference_failure_raises_workload_error(tmp_path: Path, cpu_caps, write_space, func, names) -> None:
     target = f"{WORKLOADS}:{func}" if func != "missing.py" else f"{tmp_path}/missing.py:train"
-    tuner = Tuner(target, space=write_space(CHANNELS_SPACE), n_trials=2, storage=sqlite_url(tmp_path),
+    tuner = Tuner(target, space=write_space(THREADS_SPACE), n_trials=2, storage=sqlite_url(tmp_path),
                   studies_dir=tmp_path / "studies", progress=False, capabilities=cpu_caps, study_name="ref")
     with pytest.raises(WorkloadError, match="fp32 reference run failed") as info:
         tuner.run()
@@ -277,7 +278,7 @@ def test_duplicates_are_reused_and_a_measured_space_stops_the_study(tmp_path, cp
 
 
 def test_timeout_stops_before_any_trial_and_the_baseline_stands(tmp_path, cpu_caps, write_space) -> None:
-    result = make_tuner(tmp_path, cpu_caps, "train_tiny", write_space(CHANNELS_SPACE), timeout=0.0,
+    result = make_tuner(tmp_path, cpu_caps, "train_tiny", write_space(THREADS_SPACE), timeout=0.0,
                         study_name="none").run()
     (reference,) = open_study(sqlite_url(tmp_path), "none").get_trials()  # no trial beyond the reference
     assert reference.user_attrs["role"] == "reference"
@@ -287,7 +288,7 @@ def test_timeout_stops_before_any_trial_and_the_baseline_stands(tmp_path, cpu_ca
 
 
 def test_nothing_feasible_when_the_baseline_is_outside_the_space(tmp_path, cpu_caps, write_space) -> None:
-    space = write_space("knobs:\n  channels_last: [true]\n" + TINY_BUDGET)  # the baseline has it false
+    space = write_space("knobs:\n  cpu_threads: [1]\n" + TINY_BUDGET)  # the baseline has torch's default
     result = make_tuner(tmp_path, cpu_caps, "train_tiny", space, timeout=0.0, study_name="none").run()
     assert result.best is None and result.pareto == ()
     assert open_study(sqlite_url(tmp_path), "none").get_trials() == []
@@ -300,7 +301,7 @@ def test_nothing_feasible_when_the_baseline_is_outside_the_space(tmp_path, cpu_c
 
 
 def test_confirmation_trains_reference_and_best_for_longer(tmp_path, cpu_caps, write_space) -> None:
-    space = write_space("knobs:\n  channels_last: [true]\n" + TINY_BUDGET)
+    space = write_space("knobs:\n  cpu_threads: [1]\n" + TINY_BUDGET)
     result = make_tuner(tmp_path, cpu_caps, "train_tiny", space, n_trials=3, confirm_samples=1024,
                         study_name="confirm").run()
     study = open_study(sqlite_url(tmp_path), "confirm")
@@ -316,7 +317,7 @@ def test_confirmation_trains_reference_and_best_for_longer(tmp_path, cpu_caps, w
 
 def test_callable_target_and_default_storage(tmp_path, cpu_caps, write_space) -> None:
     studies = tmp_path / "studies"
-    result = Tuner(workloads.train_tiny, space=write_space(CHANNELS_SPACE), n_trials=1, studies_dir=studies,
+    result = Tuner(workloads.train_tiny, space=write_space(THREADS_SPACE), n_trials=1, studies_dir=studies,
                    progress=False, capabilities=cpu_caps, reference_repeats=1, top_k=0).run()
     assert result.study_name == "train_tiny"
     study = open_study(f"sqlite:///{studies}/autotune.db", "train_tiny")
@@ -328,7 +329,7 @@ def test_callable_target_and_default_storage(tmp_path, cpu_caps, write_space) ->
 
 def test_result_storage_reopens_the_study(tmp_path, cpu_caps, write_space) -> None:
     studies = tmp_path / "studies"
-    result = Tuner(workloads.train_tiny, space=write_space(CHANNELS_SPACE), n_trials=1, studies_dir=studies,
+    result = Tuner(workloads.train_tiny, space=write_space(THREADS_SPACE), n_trials=1, studies_dir=studies,
                    progress=False, capabilities=cpu_caps, reference_repeats=1, top_k=0).run()
     _, again = load_study_result(result.study_name, storage=result.storage)
     assert again.best == result.best
@@ -407,7 +408,7 @@ def test_accuracy_reference_at_the_trials_batch_size(tmp_path, cpu_caps, write_s
 
 def test_an_unknown_accuracy_reference_is_refused(tmp_path, cpu_caps, write_space) -> None:
     with pytest.raises(ValueError, match="accuracy_reference"):
-        make_tuner(tmp_path, cpu_caps, "accuracy_by_batch", write_space(CHANNELS_SPACE), accuracy_reference="seed")
+        make_tuner(tmp_path, cpu_caps, "accuracy_by_batch", write_space(THREADS_SPACE), accuracy_reference="seed")
 
 
 @pytest.mark.parametrize("repeats, knob_passes_at_64", [(1, False), (2, True)])

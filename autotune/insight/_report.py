@@ -38,16 +38,26 @@ MIN_TRIALS_FOR_IMPORTANCE = 4  # completed trials; fewer give importances that m
 # name -> (title, what it shows); the PNG of each is <name>.png next to report.html.
 PLOTS = {
     "throughput_by_knob": ("Throughput per knob value",
-                           "completed trials; the PNG also shows the infeasible ones (a failure counts as 0) in grey"),
+                           "completed trials, coloured by trial number; the PNG also shows the infeasible ones (a "
+                           "failure counts as 0) in grey; bars: the slowest to the fastest timed window"),
     "pareto_front": ("Throughput vs accuracy loss: the Pareto front",
-                     "infeasible trials (a failure, or beyond the accuracy bound) in grey"),
+                     "infeasible trials (a failure, or beyond the accuracy bound) in grey; bars: the slowest to the "
+                     "fastest timed window"),
     "importances": ("Knob importances for throughput", "PED-ANOVA (optuna.importance)"),
-    "history": ("History", "throughput by trial number; out-of-memory, other failures and pruned trials marked"),
+    "history": ("History", "throughput by trial number; out-of-memory, other failures and pruned trials marked; "
+                           "bars: the slowest to the fastest timed window"),
     "loss_curves": ("Training loss against the fp32 reference band",
                     "each trial's loss trajectory, coloured by its accuracy verdict, over the band of the fp32 seeds "
                     "at its global batch"),
 }
 ARTIFACT_FILES = tuple(f"{name}.png" for name in PLOTS)
+THROUGHPUT_LABEL = "throughput (samples/s)"
+ACCURACY_LOSS_LABEL = "accuracy loss (metric units)"
+# Optuna colours trials by number on scales that start at white, which draws trial 0 (the reference run)
+# white on white: these start at a visible shade.
+VISIBLE_BLUES = ((0.0, "rgb(158,202,225)"), (1.0, "rgb(8,48,107)"))
+VISIBLE_REDS = ((0.0, "rgb(252,146,114)"), (1.0, "rgb(103,0,13)"))
+ERROR_BAR_COLOR = "#777777"
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,17 @@ def _throughput(trial: FrozenTrial) -> float:
 def _pareto_targets(trial: FrozenTrial) -> tuple[float, float]:
     loss = trial.values[1]
     return trial.values[0], loss if math.isfinite(loss) else math.nan  # a failure's loss is inf
+
+
+def _window_range(trial: FrozenTrial) -> tuple[float, float]:
+    """How far the trial's slowest timed window lies below its throughput and its fastest above it
+    ((0, 0) without windows, e.g. a failure)."""
+    windows = [w for w in trial.user_attrs.get("window_throughputs") or ()
+               if isinstance(w, (int, float)) and math.isfinite(w)]
+    if not windows or not trial.values:
+        return 0.0, 0.0
+    value = trial.values[0]
+    return max(0.0, value - min(windows)), max(0.0, max(windows) - value)
 
 
 def _rows(study: optuna.Study) -> list[FrozenTrial]:
@@ -222,9 +243,10 @@ def _plotly_figures(study: optuna.Study) -> tuple[dict[str, Any], dict[str, str]
     from optuna import visualization as vis
 
     builders: dict[str, Callable[[], Any]] = {
-        "throughput_by_knob": lambda: vis.plot_slice(study, target=_throughput, target_name="throughput"),
-        "pareto_front": lambda: vis.plot_pareto_front(study, target_names=list(_metric_names(study)),
-                                                      targets=_pareto_targets),
+        "throughput_by_knob": lambda: _plotly_spread(
+            study, vis.plot_slice(study, target=_throughput, target_name=THROUGHPUT_LABEL), "y"),
+        "pareto_front": lambda: _plotly_spread(
+            study, vis.plot_pareto_front(study, target_names=list(_axis_names(study)), targets=_pareto_targets), "x"),
         "importances": lambda: vis.plot_param_importances(study, target=_throughput, target_name="throughput"),
         "history": lambda: _plotly_history(study),
         "loss_curves": lambda: plotly_loss_curves(study),
@@ -235,6 +257,44 @@ def _plotly_figures(study: optuna.Study) -> tuple[dict[str, Any], dict[str, str]
 def _metric_names(study: optuna.Study) -> tuple[str, str]:
     names = study.metric_names or ["throughput", "accuracy_loss"]
     return names[0], names[1]
+
+
+def _axis_names(study: optuna.Study) -> tuple[str, str]:
+    """The objectives' names with their units, for the axes."""
+    units = {"throughput": THROUGHPUT_LABEL, "accuracy_loss": ACCURACY_LOSS_LABEL}
+    return tuple(units.get(name, name) for name in _metric_names(study))  # type: ignore[return-value]
+
+
+def _numbers(values: Any) -> Optional[list[int]]:
+    """Trial numbers, when a trace's marker colours are those (Optuna colours by trial number)."""
+    if values is None or isinstance(values, str):
+        return None
+    values = list(values)
+    if not values or not all(isinstance(v, (int, float)) and float(v).is_integer() for v in values):
+        return None
+    return [int(v) for v in values]
+
+
+def _plotly_spread(study: optuna.Study, fig: Any, axis: str, *, numbers_from_x: bool = False,
+                   traces: Optional[list[Any]] = None) -> Any:
+    """Error bars from each trial's timed windows on the throughput ``axis`` ("x" or "y"), and colour scales
+    that draw trial 0 visibly, on every trace whose points are trials."""
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for trace in fig.data if traces is None else traces:
+        if getattr(trace, "type", "") != "scatter":
+            continue
+        scale = trace.marker.colorscale
+        if scale and not numbers_from_x:
+            trace.marker.colorscale = VISIBLE_REDS if "255,245,240" in str(scale[0][1]) else VISIBLE_BLUES
+            trace.marker.line = {"width": 1, "color": "#444444"}
+        numbers = _numbers(trace.x) if numbers_from_x else _numbers(trace.marker.color)
+        if numbers is None or not all(n in by_number for n in numbers):
+            continue
+        below, above = zip(*(_window_range(by_number[n]) for n in numbers))
+        bars = {"type": "data", "symmetric": False, "array": list(above), "arrayminus": list(below),
+                "color": ERROR_BAR_COLOR, "thickness": 1, "width": 3}
+        trace.update(error_y=bars) if axis == "y" else trace.update(error_x=bars)
+    return fig
 
 
 def _build(study: optuna.Study, builders: dict[str, Callable[[], Any]]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -285,7 +345,12 @@ PLOTLY_SYMBOLS = {"x": "x", "D": "diamond", "v": "triangle-down"}
 def _plotly_history(study: optuna.Study) -> Any:
     from optuna import visualization as vis
 
-    fig = vis.plot_optimization_history(study, target=_throughput, target_name="throughput")
+    fig = vis.plot_optimization_history(study, target=_throughput, target_name=THROUGHPUT_LABEL)
+    main = [trace for trace in fig.data if trace.name == THROUGHPUT_LABEL]
+    for trace in main:
+        trace.marker.line = {"width": 1, "color": "#444444"}
+    _plotly_spread(study, fig, "y", numbers_from_x=True, traces=main)
+    fig.update_yaxes(title_text=THROUGHPUT_LABEL)
     for label, points in _marked(study).items():
         if points:
             symbol, color = MARKERS[label]
@@ -308,7 +373,8 @@ def write_pngs(study: optuna.Study, out_dir: Path) -> tuple[dict[str, Path], dic
     from optuna.visualization import matplotlib as mvis
 
     def history() -> Any:
-        ax = mvis.plot_optimization_history(study, target=_throughput, target_name="throughput")
+        ax = mvis.plot_optimization_history(study, target=_throughput, target_name=THROUGHPUT_LABEL)
+        _matplotlib_spread(study, ax, "y", by="x")  # before the markers, whose points are no measurements
         for label, points in _marked(study).items():
             if points:
                 marker, color = MARKERS[label]
@@ -318,9 +384,11 @@ def write_pngs(study: optuna.Study, out_dir: Path) -> tuple[dict[str, Path], dic
         return ax
 
     builders: dict[str, Callable[[], Any]] = {
-        "throughput_by_knob": lambda: mvis.plot_slice(study, target=_throughput, target_name="throughput"),
-        "pareto_front": lambda: mvis.plot_pareto_front(study, target_names=list(_metric_names(study)),
-                                                       targets=_pareto_targets),
+        "throughput_by_knob": lambda: _matplotlib_spread(
+            study, mvis.plot_slice(study, target=_throughput, target_name=THROUGHPUT_LABEL), "y", by="colour"),
+        "pareto_front": lambda: _matplotlib_spread(
+            study, mvis.plot_pareto_front(study, target_names=list(_axis_names(study)), targets=_pareto_targets),
+            "x", by="value"),
         "importances": lambda: mvis.plot_param_importances(study, target=_throughput, target_name="throughput"),
         "history": history,
         "loss_curves": lambda: matplotlib_loss_curves(study),
@@ -342,6 +410,47 @@ def write_pngs(study: optuna.Study, out_dir: Path) -> tuple[dict[str, Path], dic
         for number in set(plt.get_fignums()) - before:  # also those of a plot that failed half-way
             plt.close(number)
     return paths, skipped
+
+
+def _matplotlib_spread(study: optuna.Study, ax: Any, axis: str, *, by: str) -> Any:
+    """Error bars from each trial's timed windows on the throughput ``axis``, and a colour map that draws
+    trial 0 visibly, on the scatter points of ``ax`` (one axes or an array of them).
+
+    ``by`` says how a point names its trial: ``colour`` (Optuna's colour array is the trial number), ``x``
+    (the x position is), or ``value`` (its throughput is a trial's value: the Pareto front).
+    """
+    import numpy as np
+    from matplotlib.collections import PathCollection
+    from matplotlib.colors import LinearSegmentedColormap
+
+    trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+    by_number = {t.number: t for t in trials}
+    by_value = {t.values[0]: t for t in trials}
+    visible = LinearSegmentedColormap.from_list("visible_blues", [(158 / 255, 202 / 255, 225 / 255), (8 / 255, 48 / 255, 107 / 255)])
+    for one in (ax.flat if hasattr(ax, "flat") else [ax]):
+        for points in [c for c in one.collections if isinstance(c, PathCollection)]:
+            offsets = np.asarray(points.get_offsets())
+            if not len(offsets):
+                continue
+            colours = points.get_array()
+            if by == "colour":
+                if colours is None:
+                    continue
+                points.set_cmap(visible)
+                points.set_edgecolor("#444444")
+                points.set_linewidth(0.5)
+                found = [by_number.get(int(n)) for n in colours]
+            elif by == "x":
+                found = [by_number.get(int(x)) if float(x).is_integer() else None for x in offsets[:, 0]]
+            else:
+                found = [by_value.get(float(x)) for x in offsets[:, 0]]
+            if any(t is None for t in found):
+                continue
+            below, above = (list(v) for v in zip(*(_window_range(t) for t in found)))
+            bars = {"yerr" if axis == "y" else "xerr": [below, above]}
+            one.errorbar(offsets[:, 0], offsets[:, 1], fmt="none", ecolor=ERROR_BAR_COLOR, elinewidth=1, capsize=2,
+                         zorder=1, **bars)
+    return ax
 
 
 def _set_png_text(path: Path, **text: str) -> None:
