@@ -102,8 +102,14 @@ def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
     (e.g. on a resume) becomes the best only once a new confirmation (which reruns over the new top K)
     crowns it.
     """
-    feasible = _feasible(study)
-    confirmed = study.user_attrs.get(CONFIRMATION) or {}
+    return best_of(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), study.user_attrs)
+
+
+def best_of(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> Optional[TrialRecord]:
+    """``_best_record`` from a study's trials and user attributes (what optuna-dashboard's server holds)."""
+    records = [_record(t) for t in trials if t.state == TrialState.COMPLETE]
+    feasible = [r for r in records if r is not None and r.feasible and r.status == "ok"]
+    confirmed = study_attrs.get(CONFIRMATION) or {}
     if confirmed.get("winner") is not None:
         winner = int(confirmed["winner"])
         medians = {int(k): v for k, v in confirmed["medians"].items()}

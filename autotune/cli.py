@@ -318,7 +318,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
     from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
-    console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
+    say(f"Review it: autotune dashboard --storage {url}   (plain optuna-dashboard {url} does not read the "
+        "accuracy bound: it calls the Pareto front of all trials, infeasible ones included, best)")
 
 
 def _say_accuracy(say: Any, result: Any) -> None:
@@ -451,8 +452,10 @@ def _dashboard(args: argparse.Namespace) -> int:
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
-    command = [sys.executable, "-c", "from optuna_dashboard._cli import main; main()", url,
-               "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts)]
+    # optuna-dashboard's own server, told the study's constraints and autotune's best (study/_dashboard).
+    command = [sys.executable, "-c", "from autotune.study._dashboard import main; main()", url,
+               "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts),
+               "--studies-dir", str(args.studies_dir)]
     sys.stdout.flush()
     os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
     return 0

@@ -24,11 +24,16 @@ import pytest
 
 from autotune import Tuner
 from autotune.hardware import Capabilities
+from autotune._records import summarize_study
 from autotune.insight._report import study_artifacts
 from workloads import WORKLOADS
 
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).resolve().parent / "artifacts")
 STUDY = "browser-e2e"
+# faster_but_less_accurate: each loader worker doubles the throughput and costs 0.02 of accuracy. With the
+# bound 0.025, workers=1 is the best and workers=2, the fastest and on the Pareto front, is infeasible.
+BEST_STUDY = "browser-best"
+BEST_SPACE = "knobs:\n  num_workers: [0, 1, 2]\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n"
 SPACE = "knobs:\n  cpu_threads: [null, 1]\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n"
 
 
@@ -52,6 +57,10 @@ def dashboard(tmp_path_factory, chromium):
     caps = Capabilities(cuda=False, bf16=True, cpu_count=2, compile=True, hostname="test-host", torch="test")
     Tuner(f"{WORKLOADS}:train_tiny", space=tmp / "space.yaml", n_trials=2, storage=url, studies_dir=studies,
           progress=False, capabilities=caps, reference_repeats=1, top_k=0, study_name=STUDY, prune_below=None).run()
+    (tmp / "best.yaml").write_text(BEST_SPACE)
+    Tuner(f"{WORKLOADS}:faster_but_less_accurate", space=tmp / "best.yaml", n_trials=3, storage=url,
+          studies_dir=studies, progress=False, capabilities=caps, reference_repeats=1, top_k=0,
+          max_accuracy_loss=0.025, study_name=BEST_STUDY, prune_below=None).run()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -70,8 +79,8 @@ def dashboard(tmp_path_factory, chromium):
             except OSError:
                 assert time.monotonic() < deadline, "the dashboard did not answer within 60 s"
                 time.sleep(0.3)
-        (study_id,) = [s["study_id"] for s in summaries if s["study_name"] == STUDY]
-        yield {"base": base, "id": study_id, "url": url, "tmp": tmp}
+        ids = {s["study_name"]: s["study_id"] for s in summaries}
+        yield {"base": base, "id": ids[STUDY], "best_id": ids[BEST_STUDY], "url": url, "tmp": tmp}
     finally:
         proc.terminate()
         try:
@@ -127,3 +136,28 @@ def test_dashboard_shows_the_study_its_trials_notes_and_plots(chromium, dashboar
     note = render(chromium, f"{page}/note", ARTIFACTS / "dashboard-note.png", profile)
     assert f"autotune: {STUDY}" in note and "Baseline:" in note and "Accuracy check:" in note
     assert "Batch policy: fixed" in note and "Accuracy verdicts" in note
+
+
+def test_dashboard_best_is_autotunes_best_and_infeasible_trials_show_as_such(chromium, dashboard) -> None:
+    """The fastest trial lost more accuracy than allowed: optuna-dashboard must not call it best."""
+    study = optuna.load_study(study_name=BEST_STUDY, storage=dashboard["url"])
+    trials = study.get_trials()
+    best = summarize_study(study).best
+    infeasible = {t.number for t in trials if any(v > 0 for v in t.constraints.values())}
+    fastest = max(trials, key=lambda t: t.values[0])
+    assert best is not None and fastest.number in infeasible and best.number not in infeasible
+    with urllib.request.urlopen(f"{dashboard['base']}/api/studies/{dashboard['best_id']}", timeout=30) as response:
+        detail = json.load(response)
+    assert [t["number"] for t in detail["best_trials"]] == [best.number]
+    # The page's feasibility (its history best line, grey points) is all(constraints <= 0).
+    assert {t["number"] for t in detail["trials"] if any(c > 0 for c in t["constraints"])} == infeasible
+
+    page = f"{dashboard['base']}/dashboard/studies/{dashboard['best_id']}"
+    profile = dashboard["tmp"] / "chromium-profile"
+    top = render(chromium, page, ARTIFACTS / "dashboard-best.png", profile)
+    assert f"Best Trial (number={best.number})" in top, top[:2000]
+    listed = render(chromium, f"{page}/trials", ARTIFACTS / "dashboard-best-trials.png", profile)
+    listing = listed.split(" (trial_id=")[0]  # the list, before the selected trial's detail
+    rows = re.findall(r"Trial (\d+) (?:Complete|Pruned|Fail|Running|Waiting)( Best Trial)?", listing)
+    assert len(rows) == len(trials), listing
+    assert {int(n) for n, badge in rows if badge} == {best.number}, listing

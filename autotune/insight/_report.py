@@ -199,8 +199,18 @@ def best_hint(study: optuna.Study, diagnoses: dict[int, Diagnosis], result: Any 
 def note_markdown(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> str:
     lines = summary_lines(study, diagnoses)
     return "\n".join([f"{NOTE_HEADING} {study.study_name}", "", *[f"- {line}" for line in lines], "",
+                      DASHBOARD_BEST, "",
                       f"Plots: the Artifacts section ({', '.join(ARTIFACT_FILES)}); the full report: "
                       f"`autotune report {study.study_name}`.", ""])
+
+
+# The dashboard's "Best Trial" and autotune's best, in the study note (study/_dashboard says how).
+DASHBOARD_BEST = (
+    "Best Trial: served by `autotune dashboard`, it is autotune's best above (the fastest trial within the "
+    "accuracy bound, or the winner of the top-K re-measurement), and trials beyond the bound or failed are "
+    "infeasible (grey). The history's best line follows single runs, so after a top-K re-measurement it can "
+    "end at another trial than the winner by median. Plain `optuna-dashboard` reads no accuracy bound: it "
+    "badges the Pareto front of all trials, infeasible ones included.")
 
 
 def trial_note(diagnosis: Diagnosis) -> str:

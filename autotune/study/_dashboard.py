@@ -1,0 +1,106 @@
+"""What ``autotune dashboard`` serves: optuna-dashboard, told the study's constraints and autotune's best.
+
+optuna-dashboard (0.21) reads a trial's constraints only from Optuna's old list attribute (``constraints``),
+while ``trial.set_constraint`` stores each under its own key (``constraints:accuracy``): so every trial looks
+feasible there, and its history's best line follows a trial that lost too much accuracy. And for a study of
+two objectives it badges the Pareto front of all finished trials as "Best Trial", infeasible ones included.
+
+``serve`` runs optuna-dashboard's own server with two changes: each trial's constraints reach the page
+whatever way Optuna stored them, and the best trials of an autotune study are autotune's one best (the
+fastest feasible trial, or the top-K winner), of any other study the Pareto front of its feasible trials
+(what Optuna's ``Study.best_trials`` returns for a constrained study).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from optuna.trial import FrozenTrial
+
+from autotune._records import best_of
+
+SPACE_ATTR = "space"  # every study autotune creates has it (see Tuner._create)
+
+
+def dashboard_constraints(trial: FrozenTrial) -> list[float]:
+    """The trial's constraint values as optuna-dashboard's page reads them: feasible when all are <= 0.
+    JSON has no infinity, so a non-finite value is sent as 1 (infeasible) or -1."""
+    out = []
+    for value in trial.constraints.values():
+        value = float(value)
+        out.append(value if math.isfinite(value) else (-1.0 if value < 0 else 1.0))
+    return out
+
+
+def dashboard_best_trials(trials: Sequence[FrozenTrial], study_attrs: dict[str, Any], directions: Sequence[Any],
+                          pareto_front: Callable[..., list[FrozenTrial]]) -> list[FrozenTrial]:
+    """The trials the dashboard calls best: autotune's best for an autotune study, else the feasible Pareto front."""
+    if SPACE_ATTR in study_attrs:
+        best = best_of(list(trials), study_attrs)
+        return [t for t in trials if best is not None and t.number == best.number]
+    feasible = [t for t in trials if all(v <= 0 for v in t.constraints.values())]
+    return pareto_front(trials=feasible, directions=directions)
+
+
+def _patch(storage: Any) -> None:
+    from optuna_dashboard import _app, _serializer
+
+    serialize, pareto_front = _serializer.serialize_frozen_trial, _app.get_pareto_front_trials
+
+    def serialize_frozen_trial(study_id: int, trial: FrozenTrial, study_system_attrs: dict[str, Any]) -> dict[str, Any]:
+        out = serialize(study_id, trial, study_system_attrs)
+        out["constraints"] = dashboard_constraints(trial)
+        return out
+
+    studies: dict[int, int] = {}  # trial id -> study id (Optuna 5's storages have no such look-up)
+
+    def study_of(trial: FrozenTrial) -> Optional[int]:
+        if trial._trial_id not in studies:
+            for study in storage.get_all_studies():
+                try:
+                    if storage.get_trial_id_from_study_id_trial_number(study._study_id, trial.number) == trial._trial_id:
+                        studies[trial._trial_id] = study._study_id
+                        break
+                except KeyError:  # that study has fewer trials
+                    continue
+        return studies.get(trial._trial_id)
+
+    def best_trials(*, trials: list[FrozenTrial], directions: Sequence[Any]) -> list[FrozenTrial]:
+        study_id = study_of(trials[0]) if trials else None
+        attrs = storage.get_study_user_attrs(study_id) if study_id is not None else {}
+        return dashboard_best_trials(trials, attrs, directions, pareto_front)
+
+    _serializer.serialize_frozen_trial = serialize_frozen_trial  # serialize_study_detail looks it up here
+    _app.get_pareto_front_trials = best_trials  # the study detail's best trials of a multi-objective study
+
+
+def serve(url: str, *, host: str, port: int, artifact_dir: Path, studies_dir: Path) -> None:
+    """Run optuna-dashboard on the storage at ``url`` until interrupted (see the module doc)."""
+    from optuna.artifacts import FileSystemArtifactStore
+    from optuna_dashboard import run_server
+
+    from autotune.study._storage import open_storage
+
+    storage, _ = open_storage(url, studies_dir)
+    _patch(storage)
+    run_server(storage, host=host, port=port, artifact_store=FileSystemArtifactStore(str(artifact_dir)))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -c 'from autotune.study._dashboard import main; main()' URL --host H --port P --artifact-dir D
+    --studies-dir S``: the process ``autotune dashboard`` becomes."""
+    parser = argparse.ArgumentParser(prog="autotune dashboard")
+    parser.add_argument("storage")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--artifact-dir", required=True)
+    parser.add_argument("--studies-dir", default="studies")
+    args = parser.parse_args(argv)
+    try:
+        serve(args.storage, host=args.host, port=args.port, artifact_dir=Path(args.artifact_dir),
+              studies_dir=Path(args.studies_dir))
+    except KeyboardInterrupt:
+        pass
