@@ -98,7 +98,7 @@ def test_tuner_run_annotates_the_study(made) -> None:
                else f"verdict: {NO_FASTER_CONFIG}: ")  # top_k=0: single runs, and the note says so
     for text in ("Baseline: `fp32 bs64", "(the fp32 reference run)", "a single run); " + verdict, "Accuracy check: reference metric", "noise band",
                  "Removed by the capability probe: `pin_memory=true` (", "no CUDA device", "1 oom",
-                 "Next step: ", "autotune report report-e2e"):
+                 "Next step: ", "autotune report report-e2e", "Best Trial: served by `autotune dashboard`"):
         assert text in note, text
     assert diagnoses[1].evidence in get_note(_TrialRef(study, trials[1]))
 

@@ -12,7 +12,7 @@ import pytest
 from autotune import SpaceError, TrialConfig, load_space
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune.hardware import Capabilities
-from autotune.search._space import SPACES_DIR, builtin_spaces, describe_changes, restrict_to
+from autotune.search._space import SPACES_DIR, builtin_spaces, describe_changes, restrict_to, restrict_to_model
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -250,3 +250,27 @@ def test_size_counts_distinct_configs_not_knobs_that_cannot_matter(write_space) 
         "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n"
     ))
     assert space.size == 3 * 3
+
+
+def test_restrict_to_removes_cpu_threads_above_the_usable_cores() -> None:
+    space = load_space("cpu_default")  # cpu_threads: [null, 1, 2, 4, 8]
+    two = restrict_to(space, Capabilities(cuda=False, bf16=True, cpu_count=2))
+    assert two.knobs["cpu_threads"].values == (None, 1, 2)
+    assert set(k for k in two.removed if k.startswith("cpu_threads")) == {"cpu_threads=4", "cpu_threads=8"}
+    assert "may use 2 cores" in two.removed["cpu_threads=8"]
+    assert restrict_to(space, Capabilities(cuda=False, bf16=True, cpu_count=8)).knobs["cpu_threads"].values == (
+        None, 1, 2, 4, 8)
+    unknown = restrict_to(space, Capabilities(cuda=False, bf16=True))  # cpu_count 0: not probed, nothing goes
+    assert unknown.knobs["cpu_threads"].values == (None, 1, 2, 4, 8)
+
+
+def test_restrict_to_model_drops_channels_last_only_without_4d_activations(write_space) -> None:
+    space = load_space("cpu_default")
+    flat = restrict_to_model(space, activations_4d=False)
+    assert flat.knobs["channels_last"].values == (False,)
+    assert "no 4-D activations" in flat.removed["channels_last=true"]
+    assert flat.size < space.size
+    for told in (True, None):  # convolutions, or a workload that did not call ctx.model
+        assert restrict_to_model(space, activations_4d=told) == space
+    uses_it = load_space(write_space("knobs:\n  channels_last: [false, true]\nbaseline: {channels_last: true}\n"))
+    assert restrict_to_model(uses_it, activations_4d=False) == uses_it  # the reference ran with it: keep

@@ -464,3 +464,16 @@ def test_a_batch_reference_that_does_not_fit_falls_back_to_the_baseline(tmp_path
     at_64 = next(t for t in study.get_trials() if t.params.get("batch_size") == 64)
     assert at_64.user_attrs["status"] == "ok"
     assert at_64.user_attrs["accuracy_loss"] == pytest.approx(0.048)  # judged against the batch-16 baseline
+
+
+def test_channels_last_goes_when_the_reference_shows_no_4d_activations_and_a_resume_keeps_that(
+        tmp_path, cpu_caps, write_space) -> None:
+    space = write_space("knobs:\n  channels_last: [false, true]\n  cpu_threads: [null, 1]\n" + TINY_BUDGET)
+    make_tuner(tmp_path, cpu_caps, "train_tiny", space, n_trials=1, study_name="flat").run()
+    study = open_study(sqlite_url(tmp_path), "flat")
+    assert study.trials[0].user_attrs["extra:activations_4d"] is False  # train_tiny is an MLP
+    assert "no 4-D activations" in study.user_attrs["removed_knobs"]["channels_last=true"]
+    # Resumed, the space is the one the study was made with (no "another search space" error).
+    make_tuner(tmp_path, cpu_caps, "train_tiny", space, n_trials=2, study_name="flat").run()
+    trials = open_study(sqlite_url(tmp_path), "flat").get_trials()
+    assert len(trials) == 2 and not any(t.user_attrs["config"]["channels_last"] for t in trials)
