@@ -255,3 +255,16 @@ def test_tune_without_a_terminal_prints_whole_lines_for_every_trial(tmp_path: Pa
     assert any(line.startswith(f"  #{oom[0].number:<3} oom ") for line in lines), proc.stdout
     assert any(f"memory rule: {len(implied)} config" in line and f"than #{oom[0].number}" in line for line in lines)
     assert "--top-k 3" not in proc.stdout and "re-measurement" not in proc.stdout
+
+
+def test_a_config_the_memory_rule_answers_gets_a_whole_line(capsys, monkeypatch) -> None:
+    from autotune._config import TrialConfig
+    from autotune.study._progress import _Progress
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    reason = ("infeasible: needs at least the memory of trial 3 (precision=fp32, batch_size=256, channels_last=False), "
+              "which ran out of memory")
+    with _Progress(True, 5) as ui:
+        ui.ruled_out(7, TrialConfig(batch_size=512), reason)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  #7")]
+    assert "skipped" in line and "bs512" in line and reason in line and "not run" in line
