@@ -20,8 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONSOLE_SCRIPT = Path(sys.executable).parent / "autotune"
 TINY_SPACE = """\
 knobs:
-  channels_last: [false, true]
-  cpu_threads: [1, 2]
+  cpu_threads: [null, 1, 2]
 budget: {samples: 512, warmup_steps: 1, windows: 3}
 """
 
