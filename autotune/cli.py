@@ -73,7 +73,10 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autotune import __version__
+
     parser = argparse.ArgumentParser(prog="autotune", description="Find the fastest training config by measuring it.")
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     tune = sub.add_parser("tune", help="tune a training function")
@@ -379,9 +382,12 @@ def _finite(value: Any) -> Any:
 
 
 def _spaces(args: argparse.Namespace) -> int:
-    from autotune.search._space import builtin_spaces, load_space
+    from autotune.search._space import SPACES_DIR, builtin_spaces, load_space
 
     paths = [Path(p) for p in args.paths] or builtin_spaces()
+    if not paths:
+        raise AutotuneError(f"no built-in search spaces in {SPACES_DIR}: this installation of autotune is "
+                            "incomplete (its wheel ships them as package data); reinstall it")
     failed = 0
     for path in paths:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.resources
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -426,7 +427,17 @@ def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], w
                                baseline=base.replace(batch_policy="fixed", global_batch=total))
 
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+def _builtin_spaces_dir() -> Path:
+    """Where the built-in spaces are: package data of an installed wheel (``autotune/search_spaces``), else
+    the top-level ``search_spaces/`` of the source checkout that this package was imported from (an
+    editable install, or the checkout on ``PYTHONPATH``)."""
+    packaged = importlib.resources.files("autotune") / "search_spaces"
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+SPACES_DIR = _builtin_spaces_dir()
 
 
 def space_path(name_or_path: Union[str, Path]) -> Path:
@@ -463,6 +474,7 @@ def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
 
 
 def builtin_spaces() -> list[Path]:
+    """The built-in space files, sorted; empty when the installation lacks them."""
     return sorted(SPACES_DIR.glob("*.yaml"))
 
 
