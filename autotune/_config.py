@@ -280,6 +280,7 @@ class Result:
     speedup_basis: str = "single runs"
     speedup_rounds: int = 0  # paired rounds behind the spread ("alternation"), 0 for single runs
     colocation_warning: str = ""  # workers of this study measured on the same device or cores
+    baseline_source: str = ""  # where the baseline came from: the space's YAML, or --baseline (baseline=)
 
     @property
     def best_config(self) -> Optional[TrialConfig]:
