@@ -71,7 +71,7 @@ class Tuner:
         if not isinstance(space, _space.SearchSpace):
             space = _space.load_space(space if space is not None else defaults[1] if caps.cuda else defaults[0])
         self._baseline_source = f"the space {space.name}"
-        stated = self.stated_baseline()
+        stated = self._stated_baseline()
         if stated:
             space = space.with_baseline(stated)
             self._baseline_source = (f"--baseline {_space.format_baseline(stated)}, the other knobs from the space "
@@ -81,7 +81,7 @@ class Tuner:
             policy = "scale"  # the per-batch-size reference is what the scale policy does
         return space.with_batch_policy(policy) if policy else space
 
-    def stated_baseline(self) -> dict[str, Any]:
+    def _stated_baseline(self) -> dict[str, Any]:
         """The baseline knobs the user stated (``baseline=``), checked; empty when none.
 
         Raises:
@@ -94,7 +94,7 @@ class Tuner:
 
     def _check_stated_baseline(self, space: _space.SearchSpace) -> None:
         """The probe may replace a baseline value that cannot run here; a stated one is refused instead."""
-        for knob, value in self.stated_baseline().items():
+        for knob, value in self._stated_baseline().items():
             if getattr(space.baseline, knob) != value:
                 key = _space.format_baseline({knob: value})
                 why = space.removed.get(key, "not a value of this space")
