@@ -172,7 +172,7 @@ def sdpa_unavailable(device: Any) -> dict[str, str]:
             problem = ""
             break
         if problem:
-            out[value] = f"SDPA has no {value} kernel on {device.type.upper()} here (torch: {problem})"
+            out[value] = f"SDPA has no {value} kernel on {device.type.upper()} here (torch: {problem.split('. ')[0].rstrip('.')})"
     return out
 
 
