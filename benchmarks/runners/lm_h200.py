@@ -356,8 +356,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--trial-timeout", type=int, default=150)
-    parser.add_argument("--deadline", type=float, default=450.0, help="seconds for the whole run")
-    parser.add_argument("--confirm-reserve", type=float, default=110.0,
+    parser.add_argument("--deadline", type=float, default=420.0, help="seconds for the whole run")
+    parser.add_argument("--confirm-reserve", type=float, default=120.0,
                         help="seconds kept for the top-K confirmation after the study's trials")
     parser.add_argument("--skip", choices=("kernels", "grid", "study"), action="append", default=[])
     args = parser.parse_args(argv)
