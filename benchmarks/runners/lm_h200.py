@@ -97,6 +97,20 @@ def _step_setup(gpt: Any, config: Any, device: Any, **step_kwargs: Any) -> tuple
     return ctx, model, lambda: step(batch)
 
 
+def _line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160].replace("|", "/")
+
+
+def _profiled_step(gpt: Any, config: Any, device: Any) -> tuple[set[str], set[str]]:
+    """One warm-up step, then the ops and kernels of the next one."""
+    from autotune.trial._knobs import applied
+
+    with applied(config, device):
+        _, _, one = _step_setup(gpt, config, device)
+        one()
+        return _profile(one, device)
+
+
 def kernel_checks(gpt: Any, caps: Any, device: Any) -> list[dict[str, Any]]:
     """Part 1: one row per check, with ``ok`` False where the knob did not do what it says."""
     import torch
@@ -111,10 +125,11 @@ def kernel_checks(gpt: Any, caps: Any, device: Any) -> list[dict[str, Any]]:
         if value in caps.attention_unavailable:
             rows.append({**row, "ok": True, "ran": "removed by the probe", "evidence": caps.attention_unavailable[value]})
             continue
-        with applied(config, device):
-            _, _, one = _step_setup(gpt, config, device)
-            one()
-            ops, kernels = _profile(one, device)
+        try:
+            ops, kernels = _profiled_step(gpt, config, device)
+        except Exception as exc:  # a kernel that fails past the probe is a finding: report it and go on
+            rows.append({**row, "ok": False, "ran": type(exc).__name__, "evidence": _line(exc)})
+            continue
         ran = backend_of(ops)
         ok = ran == value or value == "auto"
         attention_kernels = sorted(k for k in kernels if any(h in k.lower() for h in KERNEL_HINTS))
@@ -126,17 +141,19 @@ def kernel_checks(gpt: Any, caps: Any, device: Any) -> list[dict[str, Any]]:
             rows.append({"check": f"optimizer_impl={impl}", "config": config.describe(), "ok": True,
                          "ran": "removed by the probe", "evidence": caps.optimizer_impl_unavailable[impl]})
             continue
-        with applied(config, device):
-            _, _, one = _step_setup(gpt, config, device)
-            one()
-            ops, _ = _profile(one, device)
+        try:
+            ops, _ = _profiled_step(gpt, config, device)
+        except Exception as exc:
+            rows.append({"check": f"optimizer_impl={impl}", "config": config.describe(), "ok": False,
+                         "ran": type(exc).__name__, "evidence": _line(exc)})
+            continue
         found = sorted(op for op in ops if op.startswith(needle))
         rows.append({"check": f"optimizer_impl={impl}", "config": config.describe(), "ok": bool(found),
                      "ran": ", ".join(found[:3]) or "not seen", "evidence": ""})
     config = TrialConfig(precision=half, batch_size=8, activation_checkpointing=True)
+    calls: list[int] = []
     with applied(config, device):
         _, model, one = _step_setup(gpt, config, device)
-        calls: list[int] = []
         model.blocks[0].qkv.register_forward_hook(lambda *_: calls.append(1))
         one()
     rows.append({"check": "activation_checkpointing=true", "config": config.describe(), "ok": len(calls) == 2,
@@ -184,7 +201,7 @@ def _graph_check(gpt: Any, device: Any, config: Any) -> dict[str, Any]:
             return {**row, "ok": ok, "ran": f"{step.graph_replays} replays, no sync in {4 * config.accumulation_steps}",
                     "evidence": f"lr {lr:.3g} (scheduled {want:.3g}), grad norm {float(step.grad_norm):.3g}"}
     except Exception as exc:  # a failure is the finding: report it, do not stop the run
-        return {**row, "ok": False, "ran": f"{type(exc).__name__}", "evidence": str(exc).splitlines()[0][:160]}
+        return {**row, "ok": False, "ran": type(exc).__name__, "evidence": _line(exc)}
 
 
 GRID = [  # the hand grid, from the baseline; a config the machine cannot run is skipped with the reason
@@ -314,8 +331,9 @@ def report(caps: Any, space: Any, seq: int, checks: list, cells: list, found: di
             continue
         ratio = f"{c['throughput'] / base:.2f}x" if base else "-"
         loss = f"{c['final_loss']:.3f}" if c.get("final_loss") is not None else "-"
+        metric = f"{c['metric']:.4f}" if c.get("metric") is not None else "-"
         lines.append(f"| {c['config']} | {c['throughput']:,.1f} | {c['tokens_per_s']:,.0f} | {ratio} | "
-                     f"{c['peak_memory_gib']:.2f} | {c['spread'] * 100:.1f}% | {loss} | {c['metric']:.4f} |")
+                     f"{c['peak_memory_gib']:.2f} | {c['spread'] * 100:.1f}% | {loss} | {metric} |")
     grid_best = max((c for c in cells if c.get("status") == "ok"), key=lambda c: c["throughput"], default=None)
     lines += ["", "## 3. Tuner study", ""]
     if "error" in found:
