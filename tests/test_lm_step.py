@@ -362,3 +362,13 @@ def test_new_fields_validate_in_the_config_and_the_space() -> None:
             parse_space({"knobs": knobs})
     space = parse_space({"knobs": {"attention": ["explicit", "flash"]}, "baseline": {"attention": "explicit"}})
     assert space.baseline.attention == "explicit"
+
+
+def test_spaces_without_the_new_knobs_keep_their_stored_fingerprints() -> None:
+    # The fingerprints before the attention, optimizer_impl and activation_checkpointing knobs existed: a
+    # study stored then must resume, not be refused as a changed space.
+    from autotune.search._space import load_space
+
+    assert load_space("cpu_default").fingerprint == "8034e2c740f12c8d"
+    assert load_space("example_cifar_cnn").fingerprint == "fa197fe222216081"
+    assert load_space("example_gpt_lm").to_dict()["baseline"]["attention"] == "explicit"

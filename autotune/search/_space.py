@@ -59,6 +59,7 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
     raise AssertionError(knob)
 
 
+_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing"})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8
@@ -135,7 +136,10 @@ class SearchSpace:
 
     def to_dict(self) -> dict[str, Any]:
         """The user-facing definition (without probe removals), used for the fingerprint."""
-        baseline = {k: v for k, v in self.baseline.to_dict().items() if k not in STUDY_FIELDS}
+        defaults = TrialConfig()
+        # Knobs added after studies were stored count only where set, so those studies keep their fingerprint.
+        baseline = {k: v for k, v in self.baseline.to_dict().items()
+                    if k not in STUDY_FIELDS and not (k in _LATER_KNOBS and v == getattr(defaults, k))}
         knobs = dict(self.knobs)
         if self.declared_batch_sizes is not None:
             knobs["batch_size"] = self.declared_batch_sizes  # as written: the policy may have trimmed it
