@@ -135,6 +135,10 @@ class TrialConfig:
             parts.append(f"workers={self.num_workers}")
             if self.pin_memory:
                 parts.append("pinned")
+            if self.num_workers > 0 and self.prefetch_factor != 2:  # 2 is the DataLoader's default
+                parts.append(f"prefetch={self.prefetch_factor}")
+            if self.num_workers > 0 and self.persistent_workers:
+                parts.append("persistent")
         if self.memory_fraction < 1.0:
             parts.append(f"memfrac={self.memory_fraction:g}")
         if self.cpu_threads is not None:
@@ -301,6 +305,7 @@ class Result:
     speedup_basis: str = "single runs"
     speedup_rounds: int = 0  # paired rounds behind the spread ("alternation"), 0 for single runs
     colocation_warning: str = ""  # workers of this study measured on the same device or cores
+    baseline_source: str = ""  # where the baseline came from: the space's YAML, or --baseline (baseline=)
 
     @property
     def best_config(self) -> Optional[TrialConfig]:

@@ -200,6 +200,7 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         speedup_basis=evidence.basis,
         speedup_rounds=evidence.rounds,
         colocation_warning=attrs.get(COLOCATION, ""),
+        baseline_source=attrs.get("baseline_source", ""),
         reference_metric=attrs.get("reference_metric"),
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),

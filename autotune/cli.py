@@ -39,6 +39,10 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--max-accuracy-loss", type=float, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
+    p.add_argument("--baseline", metavar="KNOB=VALUE,...",
+                   help="the untuned config as your script trains it, e.g. batch_size=32,precision=fp32: it "
+                        "overrides the space's baseline (knobs not named keep the space's); under the fixed batch "
+                        "policy its batch_size is also the global batch")
     p.add_argument("--batch-policy", choices=("fixed", "scale"),
                    help="fixed: every trial keeps the baseline's global batch (the batch knob is the micro-batch, "
                         "gradients accumulate); scale: the global batch follows the batch knob, judged against fp32 "
@@ -73,7 +77,10 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autotune import __version__
+
     parser = argparse.ArgumentParser(prog="autotune", description="Find the fastest training config by measuring it.")
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     tune = sub.add_parser("tune", help="tune a training function")
@@ -138,6 +145,7 @@ _TUNER_OPTIONS = {
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
+    "baseline": "baseline",
 }
 
 
@@ -300,6 +308,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         if not alternated and not result.is_baseline:
             say("These numbers are single runs, not measured again: with --top-k 3 (the default) the fastest "
                 "configs and the baseline are measured again in alternation before a speed-up is claimed.")
+        if result.baseline_source:
+            say(f"Baseline {result.baseline.describe()}: from {result.baseline_source}.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         _say_accuracy(say, result)
     if result.colocation_warning:
@@ -337,6 +347,9 @@ def _say_accuracy(say: Any, result: Any) -> None:
     if check.get("blind"):
         say("[yellow]The accuracy check is blind here, so its verdict is not a pass: "
             + "; ".join(check.get("reasons") or []) + ".[/yellow]")
+    elif check.get("reasons"):
+        say("[yellow]Part of the accuracy check is blind, so the verdict rests on the other part: "
+            + "; ".join(check["reasons"]) + ".[/yellow]")
 
 
 def _best(args: argparse.Namespace) -> int:
@@ -379,9 +392,12 @@ def _finite(value: Any) -> Any:
 
 
 def _spaces(args: argparse.Namespace) -> int:
-    from autotune.search._space import builtin_spaces, load_space
+    from autotune.search._space import SPACES_DIR, builtin_spaces, load_space
 
     paths = [Path(p) for p in args.paths] or builtin_spaces()
+    if not paths:
+        raise AutotuneError(f"no built-in search spaces in {SPACES_DIR}: this installation of autotune is "
+                            "incomplete (its wheel ships them as package data); reinstall it")
     failed = 0
     for path in paths:
         try:

@@ -148,6 +148,8 @@ def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
     assert f"Batch policy fixed: global batch 128 = micro-batch {policy['micro_batch']}" in proc.stdout
     assert doc["accuracy_verdict"] in ("equivalent", "unchecked") and f"Accuracy verdict: {doc['accuracy_verdict']}" in proc.stdout
     assert ("The accuracy check is blind here" in proc.stdout) == bool(doc["accuracy_check"]["blind"])
+    partly = bool(doc["accuracy_check"]["reasons"]) and not doc["accuracy_check"]["blind"]
+    assert ("Part of the accuracy check is blind" in proc.stdout) == partly
 
 
 def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path: Path) -> None:
@@ -224,3 +226,39 @@ def test_the_batch_policy_flag_overrides_the_space(tmp_path: Path) -> None:
     at_64 = next(t for t in study.trials if t.user_attrs["config"]["batch_size"] == 64)
     assert at_64.user_attrs["config"]["global_batch"] is None and at_64.user_attrs["status"] == "ok"
     assert "reference_band:batch=64" in study.user_attrs  # judged against fp32 at its own global batch
+
+
+def test_tune_with_a_stated_baseline_uses_it_and_says_where_it_came_from(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE)  # its baseline is the default batch 64
+    studies = tmp_path / "studies"
+    proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 1, "--top-k", 0, "--study", "stated",
+               "--baseline", "batch_size=32,cpu_threads=1", "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    source = "--baseline batch_size=32,cpu_threads=1, the other knobs from the space space"
+    assert f"Baseline fp32 bs32 workers=0 threads=1: from {source}." in proc.stdout
+    study = optuna.load_study(study_name="stated", storage=f"sqlite:///{studies}/autotune.db")
+    assert study.user_attrs["baseline_config"]["batch_size"] == 32
+    assert study.user_attrs["baseline_config"]["global_batch"] == 32  # fixed: the stated batch is the global one
+    assert study.user_attrs["baseline_source"] == source
+    assert study.trials[0].user_attrs["role"] == "reference"  # the stated baseline is a point of the space
+    written = json.loads((studies / "stated" / "best_config.json").read_text())
+    assert written["baseline"]["source"] == source and written["baseline"]["config"]["batch_size"] == 32
+
+    # Resuming with another baseline is another space.
+    again = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 1, "--study", "stated",
+                "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+    assert_one_line_error(again, "another search space", "baseline.batch_size")
+
+
+@pytest.mark.parametrize("stated, names", [
+    ("batch_sise=32", ["--baseline: batch_sise: unknown knob"]),
+    ("precision=fp16", ["--baseline precision=fp16: cannot run here", "no CUDA device"]),
+])
+def test_tune_with_a_bad_stated_baseline_exits_1_with_one_line(tmp_path: Path, stated: str, names: list[str]) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE.replace("knobs:\n", "knobs:\n  precision: [fp32, fp16]\n"))
+    proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--baseline", stated,
+               "--studies-dir", tmp_path / "studies", "--no-progress", cwd=tmp_path)
+    assert_one_line_error(proc, "autotune: error: ", *names)
+    assert not (tmp_path / "studies" / "train_tiny").exists()

@@ -95,7 +95,7 @@ def test_tuner_run_annotates_the_study(made) -> None:
     assert note.startswith(f"{NOTE_HEADING} report-e2e")
     verdict = (f"verdict: {summarize_study(study).verdict} (from single runs" if summarize_study(study).faster
                else f"verdict: {NO_FASTER_CONFIG}: ")  # top_k=0: single runs, and the note says so
-    for text in ("Baseline: `fp32 bs64", "(the fp32 reference run)", "a single run); " + verdict, "Accuracy check: reference metric", "noise band",
+    for text in ("Baseline: `fp32 bs64", "(the fp32 reference run). It comes from the space ", "a single run); " + verdict, "Accuracy check: reference metric", "noise band",
                  "Removed by the capability probe: `pin_memory=true` (", "no CUDA device", "1 oom",
                  "Next step: ", "autotune report report-e2e"):
         assert text in note, text

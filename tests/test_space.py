@@ -12,7 +12,14 @@ import pytest
 from autotune import SpaceError, TrialConfig, load_space
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune.hardware import Capabilities
-from autotune.search._space import SPACES_DIR, builtin_spaces, describe_changes, restrict_to
+from autotune.search._space import (
+    SPACES_DIR,
+    builtin_spaces,
+    describe_changes,
+    format_baseline,
+    parse_baseline,
+    restrict_to,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -250,3 +257,53 @@ def test_size_counts_distinct_configs_not_knobs_that_cannot_matter(write_space) 
         "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n"
     ))
     assert space.size == 3 * 3
+
+
+# -- the baseline stated on the command line (--baseline) -------------------------------------------------
+
+def test_a_stated_baseline_overrides_the_yaml_and_sets_the_fixed_global_batch() -> None:
+    space = load_space("cpu_default")
+    assert (space.baseline.batch_size, space.global_batch) == (64, 64)
+    stated = space.with_baseline(parse_baseline("batch_size=32,precision=fp32,compile=off,cpu_threads=null"))
+    assert (stated.baseline.batch_size, stated.global_batch, stated.batch_policy) == (32, 32, "fixed")
+    assert stated.baseline.compile == "off" and stated.baseline.cpu_threads is None
+    assert stated.knobs["batch_size"].values == (16, 32)  # micro-batches of the new global batch
+    assert "batch_size=64,128,256" in stated.removed
+    assert describe_changes(space.to_dict(), stated.to_dict()) == ["global_batch", "baseline.batch_size"]
+    # A space's own global_batch gives way too: the baseline is the training the user runs.
+    demo = load_space("demo_cpu").with_baseline({"batch_size": 64})
+    assert (demo.baseline.batch_size, demo.global_batch) == (64, 64)
+
+
+def test_a_stated_baseline_under_scale_keeps_every_batch() -> None:
+    space = load_space("example_cifar_cnn").with_baseline({"batch_size": 32, "channels_last": True})
+    assert space.batch_policy == "scale" and space.baseline.batch_size == 32 and space.baseline.channels_last
+    assert space.knobs["batch_size"].values == (32, 64, 128, 256, 1024)
+
+
+@pytest.mark.parametrize("text, names", [
+    ("batch_sise=32", ["batch_sise", "unknown knob"]),
+    ("batch_size=30", ["batch_size", "30", "multiple of 8"]),
+    ("precision=fp8", ["precision", "fp8"]),
+    ("channels_last=maybe", ["channels_last", "maybe"]),
+    ("batch_size", ["'batch_size'", "knob=value"]),
+    ("batch_size=32,batch_size=64", ["batch_size", "twice"]),
+    (",", ["no knob=value"]),
+])
+def test_a_bad_stated_baseline_is_one_line(text: str, names: list[str]) -> None:
+    with pytest.raises(SpaceError) as info:
+        parse_baseline(text)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("--baseline: ")
+    for name in names:
+        assert name in message
+
+
+def test_a_stated_baseline_the_fixed_policy_cannot_take_is_refused() -> None:
+    with pytest.raises(SpaceError, match="does not divide the global batch 24"):
+        load_space("cpu_default").with_baseline({"batch_size": 24})  # 16 is a micro-batch of the space
+
+
+def test_format_baseline_reads_back() -> None:
+    values = {"batch_size": 32, "channels_last": True, "cpu_threads": None, "compile": "off"}
+    assert parse_baseline(format_baseline(values)) == values

@@ -112,7 +112,8 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
     result = _result(study)
     alternated = result.speedup_basis == "alternation"
     how = "its median in the top-K alternation" if alternated else "the fp32 reference run"
-    lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s ({how})."]
+    source = f" It comes from {result.baseline_source}." if result.baseline_source else ""
+    lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s ({how}).{source}"]
     best = result.best
     if best is None:
         lines.append("Best: no feasible config was found.")

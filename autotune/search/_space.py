@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.resources
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -164,6 +165,26 @@ class SearchSpace:
         global_batch = self.baseline.batch_size if policy == "fixed" else None
         return _with_policy(self, policy, global_batch, where or self.name)
 
+    def with_baseline(self, values: dict[str, Any], *, where: str = "--baseline") -> "SearchSpace":
+        """This space with some of its baseline's knobs set otherwise (checked as ``baseline:`` in YAML is).
+
+        Under ``fixed`` a ``batch_size`` given here is also the global batch, the space's ``global_batch``
+        included: the baseline is the training that the user runs, and ``fixed`` keeps its global batch.
+
+        Raises:
+            SpaceError: an unknown knob, a value the knob cannot take, or one the batch policy refuses,
+                in one line that starts with ``where``.
+        """
+        values = check_baseline(values, where=where)
+        if not values:
+            return self
+        base = {k: v for k, v in self.baseline.to_dict().items() if k not in STUDY_FIELDS}
+        base.update(values)
+        space = dataclasses.replace(self, baseline=TrialConfig(**base, batch_policy="scale"))
+        if self.batch_policy == "scale":
+            return _with_policy(space, "scale", None, where)
+        return _with_policy(space, "fixed", values.get("batch_size", self.global_batch), where)
+
     @property
     def fingerprint(self) -> str:
         blob = json.dumps(self.to_dict(), sort_keys=True, default=str)
@@ -275,6 +296,54 @@ def _normalise(knob: str, value: Any) -> Any:
     if knob == "memory_fraction" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
+
+
+def check_baseline(values: dict[str, Any], *, where: str = "--baseline") -> dict[str, Any]:
+    """Baseline knob values, normalised as the YAML's are.
+
+    Raises:
+        SpaceError: an unknown knob or a value it cannot take, in one line that starts with ``where``.
+    """
+    out: dict[str, Any] = {}
+    for knob, value in values.items():
+        if knob not in KNOBS:
+            raise SpaceError(f"{where}: {knob}: unknown knob (known: {', '.join(KNOBS)})")
+        value = _normalise(knob, value)
+        problem = _check_value(knob, value)
+        if problem:
+            raise SpaceError(f"{where}: {knob}: {problem}")
+        out[knob] = value
+    return out
+
+
+def parse_baseline(text: str, *, where: str = "--baseline") -> dict[str, Any]:
+    """``batch_size=32,precision=fp32`` as baseline knob values; each value is read as YAML reads it
+    (``true``, ``null``, ``32``, ``off``).
+
+    Raises:
+        SpaceError: a malformed pair, a knob named twice, an unknown knob or a value it cannot take.
+    """
+    values: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        knob, sep, raw = (s.strip() for s in item.partition("="))
+        if not sep or not knob or not raw:
+            raise SpaceError(f"{where}: {item!r} is not knob=value (e.g. --baseline batch_size=32,precision=fp32)")
+        if knob in values:
+            raise SpaceError(f"{where}: {knob} is given twice")
+        try:
+            values[knob] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            values[knob] = raw
+    if not values:
+        raise SpaceError(f"{where}: no knob=value given (e.g. --baseline batch_size=32,precision=fp32)")
+    return check_baseline(values, where=where)
+
+
+def format_baseline(values: dict[str, Any]) -> str:
+    """Baseline knob values as ``--baseline`` takes them."""
+    return ",".join(f"{k}={'null' if v is None else _fmt(v)}" for k, v in values.items())
 
 
 def _parse_knob(where: str, name: str, raw: Any) -> Knob:
@@ -437,7 +506,17 @@ def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], w
                                baseline=base.replace(batch_policy="fixed", global_batch=total))
 
 
-SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+def _builtin_spaces_dir() -> Path:
+    """Where the built-in spaces are: package data of an installed wheel (``autotune/search_spaces``), else
+    the top-level ``search_spaces/`` of the source checkout that this package was imported from (an
+    editable install, or the checkout on ``PYTHONPATH``)."""
+    packaged = importlib.resources.files("autotune") / "search_spaces"
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+SPACES_DIR = _builtin_spaces_dir()
 
 
 def space_path(name_or_path: Union[str, Path]) -> Path:
@@ -474,6 +553,7 @@ def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
 
 
 def builtin_spaces() -> list[Path]:
+    """The built-in space files, sorted; empty when the installation lacks them."""
     return sorted(SPACES_DIR.glob("*.yaml"))
 
 

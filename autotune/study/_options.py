@@ -80,6 +80,9 @@ class SearchOptions:
             are removed.
         train_steps: The same as optimizer steps at the baseline's batch size (converted to minutes at the
             fastest rate measured when the study is created).
+        baseline: The untuned config as the user trains it, over the space's ``baseline:``: knob values
+            (``{"batch_size": 32}``) or ``"batch_size=32,precision=fp32"``; knobs not named keep the
+            space's. Under ``fixed`` its ``batch_size`` is also the global batch.
     """
 
     space: Any = None
@@ -92,8 +95,11 @@ class SearchOptions:
     batch_policy: Optional[str] = None
     train_minutes: Optional[float] = None
     train_steps: Optional[int] = None
+    baseline: Union[str, dict[str, Any], None] = None
 
     def __post_init__(self) -> None:
+        if self.baseline is not None and not isinstance(self.baseline, (str, dict)):
+            raise ValueError("baseline must be knob values (a dict) or 'knob=value,...'")
         if self.batch_policy is not None and self.batch_policy not in BATCH_POLICIES:
             raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}")
         if self.n_trials < 1:

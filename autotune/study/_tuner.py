@@ -18,7 +18,7 @@ import optuna
 
 from autotune import hardware as _hardware
 from autotune._config import Measurement, Result, TrialConfig
-from autotune._errors import StudyError
+from autotune._errors import SpaceError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
 from autotune._target import target_of
 from autotune.search import _compile, _space
@@ -63,16 +63,42 @@ class Tuner:
         self.study_name = self.options.study.study_name or self.target.rpartition(":")[2]
         self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
         self._compile_plan: Optional[_compile.CompilePlan] = None
+        self._baseline_source = ""  # where the baseline came from: the space's YAML, or baseline= (--baseline)
 
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
         space, defaults = self.options.search.space, self.options.search.default_spaces
         if not isinstance(space, _space.SearchSpace):
             space = _space.load_space(space if space is not None else defaults[1] if caps.cuda else defaults[0])
+        self._baseline_source = f"the space {space.name}"
+        stated = self._stated_baseline()
+        if stated:
+            space = space.with_baseline(stated)
+            self._baseline_source = (f"--baseline {_space.format_baseline(stated)}, the other knobs from the space "
+                                     f"{space.name}")
         policy = self.options.search.batch_policy
         if policy is None and self.options.accuracy.accuracy_reference == "batch":
             policy = "scale"  # the per-batch-size reference is what the scale policy does
         return space.with_batch_policy(policy) if policy else space
+
+    def _stated_baseline(self) -> dict[str, Any]:
+        """The baseline knobs the user stated (``baseline=``), checked; empty when none.
+
+        Raises:
+            SpaceError: an unknown knob or a value it cannot take.
+        """
+        stated = self.options.search.baseline
+        if stated is None:
+            return {}
+        return _space.parse_baseline(stated) if isinstance(stated, str) else _space.check_baseline(stated)
+
+    def _check_stated_baseline(self, space: _space.SearchSpace) -> None:
+        """The probe may replace a baseline value that cannot run here; a stated one is refused instead."""
+        for knob, value in self._stated_baseline().items():
+            if getattr(space.baseline, knob) != value:
+                key = _space.format_baseline({knob: value})
+                why = space.removed.get(key, "not a value of this space")
+                raise SpaceError(f"--baseline {key}: cannot run here ({why})")
 
     def _load_existing(self, storage: Any, space: _space.SearchSpace) -> Optional[optuna.Study]:
         """The study if it exists, after checking that it was made with this space and target."""
@@ -144,6 +170,7 @@ class Tuner:
         attrs = {
             "target": self.target,
             "space_name": space.name,
+            "baseline_source": self._baseline_source,
             "space": space.to_dict(),
             "space_fingerprint": space.fingerprint,
             "removed_knobs": space.removed,
@@ -255,6 +282,7 @@ class Tuner:
             opts = self.options
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
+            self._check_stated_baseline(space)
             space = self._stored_compile_plan(storage, space)
             study = self._load_existing(storage, space)
         studies_dir = opts.study.studies_dir
@@ -274,7 +302,8 @@ class Tuner:
                     for key, value in reference.items():
                         study.set_user_attr(key, value)
                 blind = references.blind_reasons(study)
-                study.set_user_attr("accuracy_check", {"blind": bool(blind), "reasons": blind})
+                # "reasons" lists every blind part; "blind" is true only when no part can vouch.
+                study.set_user_attr("accuracy_check", {"blind": references.is_blind(study), "reasons": blind})
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)
