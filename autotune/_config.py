@@ -24,6 +24,12 @@ LOADERS: tuple[str, ...] = ("torch", "dali")
 # Knobs that only matter for one loader: the space does not ask them for the other.
 TORCH_LOADER_KNOBS: tuple[str, ...] = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
+# The attention kernel: "auto" leaves the choice to torch; flash, efficient (memory-efficient), cudnn and math
+# pin one backend of torch.nn.functional.scaled_dot_product_attention (torch.nn.attention.sdpa_kernel);
+# "explicit" is attention written out (matmul, mask, softmax, matmul) by ctx.attention, the untuned form.
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "efficient", "cudnn", "math", "explicit")
+# How the optimizer steps: torch's default choice, one foreach kernel per op over all tensors, or fused kernels.
+OPTIMIZER_IMPLS: tuple[str, ...] = ("default", "foreach", "fused")
 
 # compile_timeout: torch.compile ran past its own deadline (the compile mode is slow for this model, not broken).
 Status = Literal["ok", "pruned", "oom", "timeout", "compile_timeout", "crash", "cuda_fatal", "nan", "error"]
@@ -59,10 +65,19 @@ class TrialConfig:
     loader: str = "torch"
     dali_threads: int = 4  # DALI CPU worker threads (loader=dali)
     dali_prefetch: int = 2  # DALI prefetch queue depth in batches (loader=dali)
+    attention: str = "auto"  # SDPA backend inside ctx.train_step (see ATTENTION_BACKENDS)
+    optimizer_impl: str = "default"  # applied by ctx.optimizer (see OPTIMIZER_IMPLS)
+    activation_checkpointing: bool = False  # recompute the blocks wrapped by ctx.checkpoint in the backward
     batch_policy: str = "fixed"
     global_batch: Optional[int] = None  # samples per optimizer step; None: batch_size (no accumulation)
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, not {self.attention!r}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, not {self.optimizer_impl!r}")
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(f"activation_checkpointing must be true or false, not {self.activation_checkpointing!r}")
         if self.batch_policy not in BATCH_POLICIES:
             raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, not {self.batch_policy!r}")
         if self.global_batch is not None and (self.global_batch < self.batch_size or self.global_batch % self.batch_size):
@@ -108,6 +123,12 @@ class TrialConfig:
             parts.append(f"compile={self.compile}")
         if self.cuda_graphs:
             parts.append("graphs")
+        if self.attention != "auto":
+            parts.append(f"attention={self.attention}")
+        if self.optimizer_impl != "default":
+            parts.append(f"optimizer={self.optimizer_impl}")
+        if self.activation_checkpointing:
+            parts.append("checkpointing")
         if self.loader == "dali":
             parts.append(f"dali threads={self.dali_threads} prefetch={self.dali_prefetch}")
         else:

@@ -35,6 +35,21 @@ COMMANDS = {
     "dashboard": set(),
 }
 
+# The knobs a space names and best_config.json's "config" holds.
+CONFIG_FIELDS = [
+    "precision", "batch_size", "channels_last", "compile", "cuda_graphs", "cudnn_benchmark", "num_workers",
+    "pin_memory", "prefetch_factor", "persistent_workers", "memory_fraction", "cpu_threads", "loader",
+    "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "batch_policy",
+    "global_batch",
+]
+# What a train_fn calls on its TrialContext.
+CONTEXT_HELPERS = {
+    "model", "optimizer", "loader", "image_loader", "train_step", "attention", "checkpoint", "autocast",
+    "to_device", "batches", "record_loss", "record_window", "report_metric", "record", "lr_scale", "lr_scale_sqrt",
+    "measurement",
+}
+TRAIN_STEP_OPTIONS = {"model", "optimizer", "loss_fn", "clip_grad_norm", "scheduler"}
+
 BEST_CONFIG_KEYS = {
     "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
@@ -79,3 +94,13 @@ def test_best_config_document_keeps_its_keys() -> None:
     assert set(document) == BEST_CONFIG_KEYS
     assert document["config"]["batch_size"] == 128
     assert math.isclose(document["speedup"], 2.5)
+
+
+def test_config_fields_and_context_helpers_are_kept() -> None:
+    import dataclasses
+    import inspect
+
+    assert [f.name for f in dataclasses.fields(autotune.TrialConfig)] == CONFIG_FIELDS
+    public = {name for name in dir(autotune.TrialContext) if not name.startswith("_")}
+    assert CONTEXT_HELPERS <= public, sorted(CONTEXT_HELPERS - public)
+    assert set(inspect.signature(autotune.TrialContext.train_step).parameters) - {"self"} == TRAIN_STEP_OPTIONS

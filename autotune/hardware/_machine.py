@@ -39,6 +39,10 @@ class Capabilities:
     compile_reason: str = ""
     dali: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
+    # Knob values that failed a real run here, with why (the probe ran each; absent: not probed, kept).
+    attention_unavailable: dict[str, str] = field(default_factory=dict)
+    optimizer_impl_unavailable: dict[str, str] = field(default_factory=dict)
+    checkpointing_unavailable: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +124,90 @@ def _probe_here() -> Capabilities:
         compile_reason=compile_reason,
         **_probe_dali(),
         **info,
+        **_probe_kernels(torch.device("cuda" if cuda else "cpu")),
     )
+
+
+# The SDPA backend behind each value of the attention knob ("auto" and "explicit" always run).
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "math": "MATH"}
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def sdpa_unavailable(device: Any) -> dict[str, str]:
+    """The attention knob's SDPA backends that cannot run causal attention forward and backward here, with why.
+
+    Each backend is tried in float32, bfloat16 and float16 (flash and cuDNN take only the half types on
+    CUDA); one that runs in none of them is unavailable. Which dtypes a trial feeds it is the config's
+    precision, so a backend that runs only in half precision still fails an fp32 trial (in its log).
+    """
+    import warnings
+
+    import torch
+    from torch.nn import functional as F
+
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return {v: f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel" for v in SDPA_BACKENDS}
+    out = {}
+    for value, member in SDPA_BACKENDS.items():
+        backend = getattr(SDPBackend, member, None)
+        if backend is None:
+            out[value] = f"torch {torch.__version__} has no SDPBackend.{member}"
+            continue
+        problem = ""
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            q = torch.randn(1, 2, 16, 64, device=device, dtype=dtype, requires_grad=True)
+            try:
+                with warnings.catch_warnings(), sdpa_kernel(backend):
+                    warnings.simplefilter("ignore")  # torch warns why each kernel declined before it raises
+                    F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            except RuntimeError as exc:
+                problem = problem or _first_line(exc)
+                continue
+            problem = ""
+            break
+        if problem:
+            out[value] = f"SDPA has no {value} kernel on {device.type.upper()} here (torch: {problem.split('. ')[0].rstrip('.')})"
+    return out
+
+
+def optimizer_impl_unavailable(device: Any) -> dict[str, str]:
+    """The optimizer_impl values a torch.optim.AdamW step cannot run with here, with why."""
+    import torch
+
+    out = {}
+    for value in ("foreach", "fused"):
+        param = torch.nn.Parameter(torch.randn(8, device=device))
+        param.grad = torch.randn(8, device=device)
+        try:
+            torch.optim.AdamW([param], lr=1e-3, **{value: True}).step()
+        except (RuntimeError, ValueError, TypeError) as exc:
+            out[value] = f"torch.optim.AdamW({value}=True) does not step on {device.type.upper()} here: {_first_line(exc)}"
+    return out
+
+
+def checkpointing_unavailable(device: Any) -> str:
+    """Why torch.utils.checkpoint (use_reentrant=False) cannot recompute a layer here; "" when it can."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    layer = torch.nn.Linear(8, 8).to(device)
+    try:
+        checkpoint(layer, torch.randn(2, 8, device=device, requires_grad=True), use_reentrant=False).sum().backward()
+    except (RuntimeError, TypeError) as exc:
+        return f"torch.utils.checkpoint failed here: {_first_line(exc)}"
+    return ""
+
+
+def _probe_kernels(device: Any) -> dict[str, Any]:
+    return {"attention_unavailable": sdpa_unavailable(device),
+            "optimizer_impl_unavailable": optimizer_impl_unavailable(device),
+            "checkpointing_unavailable": checkpointing_unavailable(device)}
 
 
 def dali_availability() -> tuple[bool, str]:

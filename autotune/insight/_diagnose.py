@@ -286,7 +286,9 @@ def next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
         if c.get("memory_fraction", 1.0) < 1.0:
             tips.append("a larger memory_fraction")
         tips.append("a smaller micro-batch with gradient accumulation, then larger batches as memory allows")
-        tips.append("activation checkpointing to trade compute for memory")
+        if not c.get("activation_checkpointing"):
+            tips.append("activation checkpointing to trade compute for memory (activation_checkpointing: true, "
+                        "with ctx.checkpoint around the blocks)")
         return f"{MEMORY_CAPACITY_BOUND}: larger batches do not fit; try " + ", ".join(tips) + "."
     if not diagnosis.gpu_readings:
         return (f"{diagnosis.label}: on a CPU try cpu_threads and bf16; run the study on the target GPU "

@@ -5,6 +5,8 @@ at batch B rules out every config that needs at least as much memory: the same d
 a batch of B or more, a precision at least as wide, and no more memory allowed to the process. Knobs that
 only act on the host (loader workers, pinning, threads) do not change device memory and are ignored, and
 so is gradient accumulation: memory follows the micro-batch, however many are accumulated per step.
+Activation checkpointing lowers memory (the wrapped blocks keep no activations for the backward pass), so a
+config without it needs at least what the same config with it ran out of, never the other way round.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def needs_at_least(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> b
         elif knob == "precision" and mine in _PRECISION_WIDTH and theirs in _PRECISION_WIDTH:
             if _PRECISION_WIDTH[mine] < _PRECISION_WIDTH[theirs]:
                 return False
+        elif knob == "activation_checkpointing":
+            if bool(mine) and not bool(theirs):  # checkpointing frees what the failed run kept: it may fit
+                return False
         elif knob == "memory_fraction" and mine is not None and theirs is not None:
             if mine > theirs:  # more memory allowed: it may fit
                 return False
@@ -55,5 +60,6 @@ def infeasible_reason(candidate: Mapping[str, Any], failures: Iterable[tuple[int
 
 
 def _describe(config: Mapping[str, Any]) -> str:
-    keys = [k for k in ("precision", "batch_size", "channels_last", "compile", "cuda_graphs") if k in config]
+    keys = [k for k in ("precision", "batch_size", "channels_last", "compile", "cuda_graphs", "activation_checkpointing")
+            if k in config]
     return ", ".join(f"{k}={config[k]}" for k in keys) or "same settings"

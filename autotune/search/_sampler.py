@@ -55,6 +55,10 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     "pin_memory": (True, False),
     "persistent_workers": (True, False),
     "loader": ("torch", "dali"),
+    # torch's own pick first; then the fused kernels, fastest where they run; explicit attention last.
+    "attention": ("auto", "flash", "cudnn", "efficient", "math", "explicit"),
+    "optimizer_impl": ("fused", "foreach", "default"),
+    "activation_checkpointing": (False, True),  # recomputing costs time; it pays only where memory binds
 }
 # Largest expected effect first: a coordinate walk that settles these early wastes fewest trials.
 # Batch before precision: from a bf16 start the other precisions are rarely better and, with compile on,
@@ -65,8 +69,10 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "batch_size",
     "precision",
     "compile",
+    "attention",
     "channels_last",
     "cuda_graphs",
+    "optimizer_impl",
     "loader",
     "dali_threads",
     "dali_prefetch",
@@ -77,11 +83,13 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "cudnn_benchmark",
     "memory_fraction",
     "cpu_threads",
+    "activation_checkpointing",
 )
 _TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "loader",
                          "dali_threads", "dali_prefetch"})
-COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs", "cudnn_benchmark"})
+COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs", "cudnn_benchmark", "attention",
+                           "optimizer_impl", "activation_checkpointing"})
 # The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).
 INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND = (
     "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound")
@@ -91,9 +99,9 @@ INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND = (
 BOTTLENECK_KNOBS: dict[str, tuple[str, ...]] = {
     INPUT_BOUND: ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "loader",
                   "dali_threads", "dali_prefetch"),
-    LAUNCH_BOUND: ("cuda_graphs", "compile", "batch_size"),
-    COMPUTE_BOUND: ("precision", "compile", "channels_last", "batch_size"),
-    MEMORY_BOUND: ("batch_size", "precision"),
+    LAUNCH_BOUND: ("cuda_graphs", "compile", "optimizer_impl", "batch_size"),
+    COMPUTE_BOUND: ("precision", "compile", "attention", "channels_last", "batch_size"),
+    MEMORY_BOUND: ("batch_size", "precision", "activation_checkpointing"),
 }
 # The knobs that cannot help a bottleneck: they wait until every other move is done.
 BOTTLENECK_WAITS: dict[str, frozenset[str]] = {

@@ -15,11 +15,13 @@ from typing import Any, Optional, Union
 import yaml
 
 from autotune._config import (
+    ATTENTION_BACKENDS,
     BATCH_POLICIES,
     COMPILE_MODES,
     COMPILE_MODES_WITH_GRAPHS,
     DALI_LOADER_KNOBS,
     LOADERS,
+    OPTIMIZER_IMPLS,
     PRECISIONS,
     STUDY_FIELDS,
     TORCH_LOADER_KNOBS,
@@ -28,18 +30,18 @@ from autotune._config import (
 )
 from autotune._errors import SpaceError
 
-_BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers")
+_BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers",
+               "activation_checkpointing")
+_CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "loader": LOADERS,
+                 "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS}
 
 
 def _check_value(knob: str, value: Any) -> Optional[str]:
     if knob in _BOOL_KNOBS:
         return None if isinstance(value, bool) else f"{value!r} is not true or false"
-    if knob == "precision":
-        return None if value in PRECISIONS else f"{value!r} is not one of {', '.join(PRECISIONS)}"
-    if knob == "compile":
-        return None if value in COMPILE_MODES else f"{value!r} is not one of {', '.join(COMPILE_MODES)}"
-    if knob == "loader":
-        return None if value in LOADERS else f"{value!r} is not one of {', '.join(LOADERS)}"
+    if knob in _CHOICE_KNOBS:
+        known = _CHOICE_KNOBS[knob]
+        return None if value in known else f"{value!r} is not one of {', '.join(known)}"
     if knob == "memory_fraction":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
         return None if ok else f"{value!r} is not a fraction in (0, 1]"
@@ -58,6 +60,7 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
     raise AssertionError(knob)
 
 
+_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing"})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8
@@ -134,7 +137,10 @@ class SearchSpace:
 
     def to_dict(self) -> dict[str, Any]:
         """The user-facing definition (without probe removals), used for the fingerprint."""
-        baseline = {k: v for k, v in self.baseline.to_dict().items() if k not in STUDY_FIELDS}
+        defaults = TrialConfig()
+        # Knobs added after studies were stored count only where set, so those studies keep their fingerprint.
+        baseline = {k: v for k, v in self.baseline.to_dict().items()
+                    if k not in STUDY_FIELDS and not (k in _LATER_KNOBS and v == getattr(defaults, k))}
         knobs = dict(self.knobs)
         if self.declared_batch_sizes is not None:
             knobs["batch_size"] = self.declared_batch_sizes  # as written: the policy may have trimmed it
@@ -233,6 +239,11 @@ class SearchSpace:
                 continue
             if name == "cuda_graphs" and chosen.get("compile") in COMPILE_MODES_WITH_GRAPHS:
                 chosen[name] = False  # the compile mode captures graphs itself
+                continue
+            if name == "optimizer_impl" and chosen.get("precision") == "fp16" and chosen.get("cuda_graphs"):
+                # fp16 in a graph needs the fused step (the scaler's check stays on the device): ctx.optimizer
+                # makes "default" fused there, and foreach cannot run.
+                chosen[name] = "default"
                 continue
             if name in ("prefetch_factor", "persistent_workers") and chosen.get("num_workers") == 0:
                 chosen[name] = getattr(TrialConfig(), name)
@@ -585,6 +596,12 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
     if not caps.compile:
         for mode in COMPILE_MODES[1:]:
             removals.append(("compile", mode, caps.compile_reason))
+    for value, why in sorted(caps.attention_unavailable.items()):
+        removals.append(("attention", value, why))
+    for value, why in sorted(caps.optimizer_impl_unavailable.items()):
+        removals.append(("optimizer_impl", value, why))
+    if caps.checkpointing_unavailable:
+        removals.append(("activation_checkpointing", True, caps.checkpointing_unavailable))
     if not caps.dali:
         # Without a GPU DALI still runs (CPU-only mode), so only a missing or broken install removes it.
         why = (caps.extras or {}).get("dali_reason") or "nvidia.dali is not importable"

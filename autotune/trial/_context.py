@@ -93,8 +93,33 @@ class TrialContext:
         return _knobs.prepare_model(module, self.config, self.device)
 
     def optimizer(self, cls: type, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
-        """Build ``cls(params, **kwargs)`` with what the config needs (capturable/fused for CUDA Graphs)."""
-        return cls(params, **{**_knobs.optimizer_options(cls, self.config, self.device), **kwargs})
+        """Build ``cls(params, **kwargs)`` with what the config needs: ``foreach=True`` or ``fused=True`` as
+        ``optimizer_impl`` says (``default`` leaves torch's choice), capturable for CUDA Graphs, fused for fp16
+        inside a graph.
+
+        Raises:
+            KnobError: ``cls`` has no such implementation, or ``kwargs`` already choose one.
+        """
+        options = _knobs.optimizer_options(cls, self.config, self.device, given=kwargs)
+        return cls(params, **{**options, **kwargs})
+
+    def checkpoint(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Wrap a block (a transformer layer, a stage) for activation checkpointing, as the
+        ``activation_checkpointing`` knob says: when it is on, the block's activations are not kept for the
+        backward pass but recomputed there (``torch.utils.checkpoint``, ``use_reentrant=False``), trading
+        compute for memory. When it is off the module is returned as it is. The module keeps its
+        parameters and state_dict keys either way."""
+        return _knobs.checkpointed(module) if self.config.activation_checkpointing else module
+
+    def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Attention as the ``attention`` knob says, with the arguments of
+        ``torch.nn.functional.scaled_dot_product_attention`` (``attn_mask``, ``dropout_p``, ``is_causal``,
+        ``scale``): ``explicit`` writes it out (``softmax(q k^T * scale) v``), every other value calls SDPA,
+        whose backend ``train_step`` and ``autocast`` pin. A model that calls SDPA itself gets the backend
+        too, but not ``explicit``."""
+        if self.config.attention == "explicit":
+            return _knobs.explicit_attention(query, key, value, **kwargs)
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
 
     def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A DataLoader with the config's batch size, workers, pinning and prefetching.
@@ -175,20 +200,41 @@ class TrialContext:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[..., torch.Tensor],
+        loss_fn: Optional[Callable[..., torch.Tensor]] = None,
+        *,
+        clip_grad_norm: Optional[float] = None,
+        scheduler: Any = None,
     ) -> _knobs.TrainStep:
-        """A callable ``step(inputs, targets) -> loss`` with autocast, GradScaler, gradient accumulation
+        """A callable step with autocast, the attention backend, GradScaler, gradient accumulation
         (``config.accumulation_steps`` micro-batches per optimizer step) and CUDA Graphs applied. In a
-        study it also records the training loss of every step for the accuracy verdict."""
+        study it also records the training loss of every step for the accuracy verdict.
+
+        ``step(inputs, targets)`` takes its loss from ``loss_fn(model(inputs), targets)``. ``step(batch)``
+        calls ``model(**batch)`` for a dict (``model(*batch)`` for a tuple) and takes ``loss_fn(outputs,
+        batch)``, or without a ``loss_fn`` the model's own ``outputs.loss``.
+
+        Args:
+            model: The model (from ``ctx.model``).
+            optimizer: Its optimizer (from ``ctx.optimizer``).
+            loss_fn: ``loss_fn(outputs, targets)`` or ``loss_fn(outputs, batch)``; None: ``outputs.loss``.
+            clip_grad_norm: Clip the gradient of each optimizer step to this total norm, on the device
+                (captured with the step under CUDA Graphs).
+            scheduler: An LR scheduler of ``optimizer``, stepped after every optimizer step. Under CUDA
+                Graphs the learning rates become device tensors that it fills between replays.
+
+        Raises:
+            KnobError: the config cannot run here, or the scheduler's optimizer cannot take a tensor LR
+                inside a graph (the message names why).
+        """
         capacity = self._plan()[0] + LOSS_SLACK if self.budget is not None else 0
         step = _knobs.TrainStep(model, optimizer, loss_fn, config=self.config, device=self.device,
-                                loss_capacity=capacity)
+                                loss_capacity=capacity, clip_grad_norm=clip_grad_norm, scheduler=scheduler)
         self._train_steps.append(step)
         return step
 
     def autocast(self) -> Any:
-        """The config's autocast context, for evaluation code."""
-        return _knobs.autocast(self.config, self.device)
+        """The config's autocast context and attention backend, for evaluation code."""
+        return _knobs.forward_context(self.config, self.device)
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Copy a batch tensor to the device (asynchronously when pinned), channels_last for images."""

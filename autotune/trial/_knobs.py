@@ -6,12 +6,13 @@ import contextlib
 import inspect
 import math
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
 from autotune._config import TrialConfig
-from autotune._errors import KnobError
+from autotune._errors import KnobError, WorkloadError
+from autotune.hardware._machine import SDPA_BACKENDS
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as torch's docs prescribe
@@ -70,6 +71,77 @@ def autocast(config: TrialConfig, device: torch.device) -> contextlib.AbstractCo
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=not config.cuda_graphs)
 
 
+def attention_kernels(config: TrialConfig) -> contextlib.AbstractContextManager:
+    """The SDPA backend the config pins (``torch.nn.attention.sdpa_kernel``); a no-op for auto and explicit."""
+    member = SDPA_BACKENDS.get(config.attention)
+    if member is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(getattr(SDPBackend, member))
+
+
+def explicit_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    """Attention written out as ``softmax(q k^T * scale + mask) v``: what SDPA computes, with the scores
+    materialised (``scaled_dot_product_attention``'s arguments and result)."""
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    scores = (query @ key.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = torch.nn.functional.dropout(weights, p=dropout_p)
+    return weights.to(value.dtype) @ value
+
+
+@contextlib.contextmanager
+def forward_context(config: TrialConfig, device: torch.device) -> Iterator[None]:
+    """The attention backend and the autocast of a config, for forward passes outside the train step."""
+    with attention_kernels(config), autocast(config, device):
+        yield
+
+
+_CHECKPOINTED: dict[type, type] = {}
+
+
+def checkpointed(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with its forward recomputed in the backward pass (``torch.utils.checkpoint``,
+    ``use_reentrant=False``) whenever gradients are on.
+
+    The module's class is swapped for a subclass whose ``forward`` checkpoints the original one, so the
+    module keeps its parameters, state_dict keys, hooks and ``isinstance`` checks, and a deepcopy stays
+    checkpointed.
+    """
+    cls = type(module)
+    if cls in _CHECKPOINTED.values():
+        return module
+    sub = _CHECKPOINTED.get(cls)
+    if sub is None:
+        def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            inner = super(sub, self).forward
+            if not torch.is_grad_enabled():
+                return inner(*args, **kwargs)
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+        sub = type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__})
+        _CHECKPOINTED[cls] = sub
+    module.__class__ = sub
+    return module
+
+
 def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.device) -> torch.nn.Module:
     model = model.to(device)
     if config.channels_last:
@@ -80,17 +152,69 @@ def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.dev
     return model
 
 
-def optimizer_options(cls: type, config: TrialConfig, device: torch.device) -> dict[str, Any]:
-    """Constructor options an optimizer needs for the config: capturable for graphs, fused for fp16 graphs."""
+def optimizer_options(cls: type, config: TrialConfig, device: torch.device,
+                      given: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """Constructor options an optimizer needs for the config: ``optimizer_impl`` (foreach or fused),
+    capturable for graphs, fused for fp16 graphs.
+
+    Raises:
+        KnobError: ``cls`` takes no option for the configured implementation, ``given`` (the caller's own
+            keyword arguments) already chooses one, or foreach is asked for where only fused can run.
+    """
     accepted = inspect.signature(cls.__init__).parameters
     options: dict[str, Any] = {}
-    if device.type == "cuda" and config.cuda_graphs:
+    graphs = device.type == "cuda" and config.cuda_graphs
+    impl = config.optimizer_impl
+    if impl != "default":
+        if impl not in accepted:
+            raise KnobError(f"optimizer_impl={impl}: {cls.__name__} takes no {impl}= option")
+        chosen = sorted(k for k in ("foreach", "fused") if (given or {}).get(k))
+        if chosen:
+            raise KnobError(f"optimizer_impl={impl}: the call already passes {chosen[0]}=True; "
+                            "leave the implementation to the knob")
+        options[impl] = True
+    if graphs:
         if "capturable" in accepted:
             options["capturable"] = True
         if config.precision == "fp16" and "fused" in accepted:
             # A fused optimizer takes the scaler's found_inf on the device, so the step never syncs.
+            if impl == "foreach":
+                raise KnobError("optimizer_impl=foreach: fp16 with CUDA Graphs needs the fused step (the scaler's "
+                                "inf check stays on the device)")
             options["fused"] = True
     return options
+
+
+def _tensor_lr_in_graph(optimizer: torch.optim.Optimizer, group: Mapping[str, Any]) -> bool:
+    """Whether the optimizer's step reads a tensor learning rate on the device (so a graph sees it change)."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return bool(group.get("capturable") or group.get("fused"))
+    if isinstance(optimizer, torch.optim.SGD):
+        return bool(group.get("fused"))
+    return False
+
+
+def graph_safe_lr(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Give every param group a learning rate on the device, which a scheduler fills in place.
+
+    A captured graph keeps the Python numbers it was captured with, so a float LR that a scheduler changes
+    would stay at its first value in every replay. A 0-dim device tensor is read by the replayed step, and
+    torch's LR schedulers write a tensor LR with ``fill_``, which needs no synchronisation.
+
+    Raises:
+        KnobError: the optimizer reads its LR on the host during the step (no tensor LR in a graph).
+    """
+    for index, group in enumerate(optimizer.param_groups):
+        if not _tensor_lr_in_graph(optimizer, group):
+            raise KnobError(
+                f"cuda_graphs with scheduler=: {type(optimizer).__name__} (param group {index}) reads its learning "
+                "rate on the host during the step, so the captured graph would keep the first one; use Adam or "
+                "AdamW with capturable=True or fused=True (ctx.optimizer sets capturable under cuda_graphs), SGD "
+                "with fused=True, or turn cuda_graphs off"
+            )
+        lr = group["lr"]
+        if not isinstance(lr, torch.Tensor) or lr.device.type != device.type:
+            group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
 
 
 def _zero_momentum(optimizer: torch.optim.Optimizer) -> None:
@@ -114,32 +238,52 @@ def _zero_momentum(optimizer: torch.optim.Optimizer) -> None:
 class TrainStep:
     """One training step (forward, loss, backward, optimizer) with the config's precision applied.
 
+    Two ways to call it:
+
+    - ``step(inputs, targets)``: the loss is ``loss_fn(model(inputs), targets)`` (the image loop).
+    - ``step(batch)``: the model is called as ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple
+      or list, else ``model(batch)``; the loss is ``loss_fn(outputs, batch)`` when a ``loss_fn`` is given,
+      else the model's own: ``outputs.loss`` (or ``outputs["loss"]``), as transformer LMs return it.
+
     With ``config.accumulation_steps`` > 1 (``batch_policy: fixed`` and a micro-batch smaller than the
     global batch) each call is one micro-batch: its loss is divided by the accumulation count before the
     backward pass, gradients add up over the micro-batches, and the optimizer steps (through the
     GradScaler for fp16) once per global batch, so the gradient is the full batch's (BatchNorm statistics
     aside, which see micro-batches).
 
+    ``clip_grad_norm`` clips the global batch's gradient to that total norm before each optimizer step
+    (after the GradScaler's unscale for fp16). It runs on the device, with no synchronisation, so it is
+    captured into the graph with the step; ``grad_norm`` holds the norm before clipping as a device tensor.
+    ``scheduler`` (an LR scheduler of ``optimizer``) is stepped after every optimizer step.
+
     With ``cuda_graphs`` the step is captured after a few eager warm-up steps on a side stream, and later
     calls copy the batch into static input buffers and replay it. Without accumulation one graph holds the
     whole step. With it, two graphs share one memory pool: the micro-step (forward and backward adding into
     the gradients) and the last micro-step of a global batch (the same, then the optimizer step and the
-    gradients zeroed in place), replayed ``accumulation - 1`` times and once per global batch.
+    gradients zeroed in place), replayed ``accumulation - 1`` times and once per global batch. A scheduler
+    is stepped outside the graph, between replays: the learning rates become device tensors that it fills
+    in place and the replayed step reads (``graph_safe_lr``).
 
     With ``loss_capacity`` each call's loss is written into a device buffer (inside the graph too, through
     a device-side index), so the trial's loss trajectory costs no synchronisation and no extra launch per
     replay; it is read once, at the end.
+
+    Raises:
+        KnobError: a knob that cannot run as configured (fp16 or graphs without CUDA; a scheduler whose
+            optimizer cannot read a tensor LR inside a graph).
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        loss_fn: Callable[..., torch.Tensor],
+        loss_fn: Optional[Callable[..., torch.Tensor]] = None,
         *,
         config: TrialConfig,
         device: torch.device,
         loss_capacity: int = 0,
+        clip_grad_norm: Optional[float] = None,
+        scheduler: Any = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -147,6 +291,12 @@ class TrainStep:
         self.config = config
         self.device = device
         self.accumulation = config.accumulation_steps
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be a positive norm, not {clip_grad_norm!r}")
+        self.clip_grad_norm = clip_grad_norm
+        self.scheduler = scheduler
+        self.grad_norm: Optional[torch.Tensor] = None
+        self._params = [p for group in optimizer.param_groups for p in group["params"]] if clip_grad_norm else []
         self.scaler: Optional[torch.amp.GradScaler] = None
         if config.precision == "fp16":
             if device.type != "cuda":
@@ -160,10 +310,13 @@ class TrainStep:
                 "fp16 with CUDA Graphs needs an optimizer that takes the scale on the device, "
                 "e.g. torch.optim.SGD(..., fused=True); ctx.optimizer(...) sets this for you"
             )
+        if self.use_graph and scheduler is not None:
+            graph_safe_lr(optimizer, device)
         if self.scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
             _zero_momentum(optimizer)
         self._skips = torch.zeros((), device=device, dtype=torch.float32)
         self.calls = 0
+        self.optimizer_steps = 0
         self.last_loss: Optional[torch.Tensor] = None
         # One slot per call (micro-batch); calls past the capacity overwrite the last slot.
         self._loss_log = torch.full((loss_capacity,), math.nan, device=device) if loss_capacity > 0 else None
@@ -172,19 +325,46 @@ class TrainStep:
         self._micro_graph: Optional[torch.cuda.CUDAGraph] = None  # a micro-step that only accumulates
         self.graph_replays = 0
         self.capture_seconds = 0.0
-        self._static: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._static: Optional[tuple[Any, ...]] = None  # the call's arguments, tensors as static buffers
+        self._static_layout: Any = None
         self._static_loss: Optional[torch.Tensor] = None
         self._static_micro_loss: Optional[torch.Tensor] = None
         self._stream: Optional[torch.cuda.Stream] = None
         # Eager warm-up ends on a global-batch boundary, so the graphs start a global batch.
         self._graph_warmup = -(-GRAPH_WARMUP_STEPS // self.accumulation) * self.accumulation
 
-    def _backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _loss(self, args: tuple[Any, ...]) -> torch.Tensor:
+        if len(args) == 2:
+            if self.loss_fn is None:
+                raise WorkloadError("step(inputs, targets) needs a loss_fn: ctx.train_step(model, optimizer, loss_fn), "
+                                    "or call step(batch) with a model that returns its loss")
+            inputs, targets = args
+            return self.loss_fn(self.model(inputs), targets)
+        (batch,) = args
+        if isinstance(batch, Mapping):
+            outputs = self.model(**batch)
+        elif isinstance(batch, (list, tuple)):
+            outputs = self.model(*batch)
+        else:
+            outputs = self.model(batch)
+        if self.loss_fn is not None:
+            return self.loss_fn(outputs, batch)
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+        if not isinstance(loss, torch.Tensor):
+            raise WorkloadError(
+                f"the model's output ({type(outputs).__name__}) has no loss tensor (outputs.loss or outputs['loss']): "
+                "pass the labels the model needs in the batch, or loss_fn=fn(outputs, batch) to ctx.train_step"
+            )
+        return loss
+
+    def _backward(self, args: tuple[Any, ...]) -> torch.Tensor:
         """Forward and backward of one micro-batch; gradients add into ``.grad``. Returns the unscaled loss."""
-        with autocast(self.config, self.device):
-            loss = self.loss_fn(self.model(inputs), targets)
-        scaled = loss / self.accumulation if self.accumulation > 1 else loss
-        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        # The backward pass re-runs the forward of checkpointed blocks: it must see the same attention kernel.
+        with attention_kernels(self.config):
+            with autocast(self.config, self.device):
+                loss = self._loss(args)
+            scaled = loss / self.accumulation if self.accumulation > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         if self._loss_log is not None:
             slot = self._loss_index.clamp(max=self._loss_log.numel() - 1).view(1)
             self._loss_log.index_copy_(0, slot, loss.detach().float().view(1))
@@ -192,6 +372,11 @@ class TrainStep:
         return loss.detach()
 
     def _optimizer_step(self) -> None:
+        if self.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradient; the step then takes it unscaled
+            # No error_if_nonfinite: that check would synchronise. A skipped fp16 step ignores the result.
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.clip_grad_norm)
         if self.scaler is None:
             self.optimizer.step()
             return
@@ -202,44 +387,53 @@ class TrainStep:
             self._skips += found_inf.to(self._skips.device)
         self.scaler.update()
 
-    def _eager(self, inputs: torch.Tensor, targets: torch.Tensor, first: bool, last: bool) -> torch.Tensor:
+    def _eager(self, args: tuple[Any, ...], first: bool, last: bool) -> torch.Tensor:
         if first:
             self.optimizer.zero_grad(set_to_none=True)
-        loss = self._backward(inputs, targets)
+        loss = self._backward(args)
         if last:
             self._optimizer_step()
         return loss
 
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self.last_loss = self._call(inputs, targets)
+    def __call__(self, *args: Any) -> torch.Tensor:
+        if len(args) not in (1, 2):
+            raise TypeError(f"call step(inputs, targets) or step(batch), not with {len(args)} arguments")
+        self.last_loss = self._call(args)
         return self.last_loss
 
-    def _call(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _call(self, args: tuple[Any, ...]) -> torch.Tensor:
         micro = self.calls % self.accumulation
         first, last = micro == 0, micro == self.accumulation - 1
         self.calls += 1
-        if not self.use_graph:
-            return self._eager(inputs, targets, first, last)
+        loss = self._graph_call(args, first, last) if self.use_graph else self._eager(args, first, last)
+        if last:
+            self.optimizer_steps += 1
+            if self.scheduler is not None:
+                self.scheduler.step()  # outside any graph: a tensor LR is filled in place, read by the next replay
+        return loss
+
+    def _graph_call(self, args: tuple[Any, ...], first: bool, last: bool) -> torch.Tensor:
+        layout = _layout(args)
         if self._static is None:
-            self._static = (inputs.clone(), targets.clone())
+            self._static = _clone_tensors(args)
+            self._static_layout = layout
             self._stream = torch.cuda.Stream()
-        static_in, static_tgt = self._static
-        if inputs.shape != static_in.shape or targets.shape != static_tgt.shape:
+        if layout != self._static_layout:
             raise KnobError(
-                f"CUDA Graphs need a fixed batch shape; got {tuple(inputs.shape)} after "
-                f"{tuple(static_in.shape)} (use drop_last=True)"
+                f"CUDA Graphs need a fixed batch shape; got {_describe_layout(layout)} after "
+                f"{_describe_layout(self._static_layout)} (use drop_last=True)"
             )
-        static_in.copy_(inputs, non_blocking=True)
-        static_tgt.copy_(targets, non_blocking=True)
+        for static, given in zip(_tensors(self._static), _tensors(args)):
+            static.copy_(given, non_blocking=True)
         if self.graph is None and (self.calls <= self._graph_warmup or not first):
             assert self._stream is not None
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):
-                loss = self._eager(static_in, static_tgt, first, last)
+                loss = self._eager(self._static, first, last)
             torch.cuda.current_stream().wait_stream(self._stream)
             return loss
         if self.graph is None:
-            self._capture(static_in, static_tgt)
+            self._capture(self._static)
         if last:
             assert self.graph is not None and self._static_loss is not None
             self.graph.replay()
@@ -251,9 +445,22 @@ class TrainStep:
         self.graph_replays += 1
         return loss
 
-    def _capture(self, static_in: torch.Tensor, static_tgt: torch.Tensor) -> None:
+    def _capture(self, static: tuple[Any, ...]) -> None:
         torch.cuda.synchronize()
         start = time.perf_counter()
+        try:
+            self._capture_graphs(static)
+        except RuntimeError as exc:
+            if self.config.activation_checkpointing and "graph capture" in str(exc):
+                raise KnobError(
+                    "activation_checkpointing with cuda_graphs: torch.utils.checkpoint could not run inside the "
+                    f"graph capture in torch {torch.__version__} ({str(exc).splitlines()[0]})"
+                ) from exc
+            raise
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+
+    def _capture_graphs(self, static: tuple[Any, ...]) -> None:
         # thread_local: the DataLoader's pin-memory thread keeps making CUDA calls (pinned allocations)
         # while the step is captured; in the default "global" mode those invalidate the capture, which
         # an H200 run showed as a cuda_fatal at batch 32 with 8 pinned workers.
@@ -261,21 +468,19 @@ class TrainStep:
             self.graph = torch.cuda.CUDAGraph()
             self.optimizer.zero_grad(set_to_none=True)
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self._static_loss = self._backward(static_in, static_tgt)
+                self._static_loss = self._backward(static)
                 self._optimizer_step()
         else:
             # The gradients must be tensors that both graphs add into: zero the ones the warm-up made.
             self.optimizer.zero_grad(set_to_none=False)
             self._micro_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self._micro_graph, capture_error_mode="thread_local"):
-                self._static_micro_loss = self._backward(static_in, static_tgt)
+                self._static_micro_loss = self._backward(static)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=self._micro_graph.pool(), capture_error_mode="thread_local"):
-                self._static_loss = self._backward(static_in, static_tgt)
+                self._static_loss = self._backward(static)
                 self._optimizer_step()
                 self.optimizer.zero_grad(set_to_none=False)
-        torch.cuda.synchronize()
-        self.capture_seconds = time.perf_counter() - start
 
     def loss_trajectory(self) -> list[float]:
         """The training loss per optimizer step: the mean of its micro-batches (one sync, at the end)."""
@@ -288,3 +493,49 @@ class TrainStep:
     @property
     def scaler_skips(self) -> int:
         return int(self._skips.item())
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """The tensors of a batch (nested tuples, lists and dicts), in a fixed order."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, Mapping):
+        return [t for key in tree for t in _tensors(tree[key])]
+    if isinstance(tree, (list, tuple)):
+        return [t for item in tree for t in _tensors(item)]
+    return []
+
+
+def _clone_tensors(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, Mapping):
+        return {key: _clone_tensors(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_clone_tensors(item) for item in tree)
+    return tree
+
+
+def _layout(tree: Any) -> Any:
+    """A batch's structure with each tensor as (shape, dtype): what a graph's static inputs fix."""
+    if isinstance(tree, torch.Tensor):
+        return (tuple(tree.shape), tree.dtype)
+    if isinstance(tree, Mapping):
+        return tuple((key, _layout(value)) for key, value in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return tuple(_layout(item) for item in tree)
+    return ("value", tree)  # a non-tensor argument is captured as it was
+
+
+def _describe_layout(layout: Any) -> str:
+    shapes = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, tuple) and len(node) == 2 and isinstance(node[1], torch.dtype):
+            shapes.append(str(node[0]))
+        elif isinstance(node, tuple):
+            for item in node:
+                walk(item)
+
+    walk(layout)
+    return ", ".join(shapes) or "no tensors"
