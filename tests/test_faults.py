@@ -1,0 +1,123 @@
+"""Faults found by a hostile tester (round two): half-made studies, changed settings on resume, missing
+metrics, paused workers, infrastructure failures, leaked passwords, hangs, tracebacks and path escapes.
+
+Each test drives the real thing: the ``autotune`` command in a subprocess, real SQLite files, a real
+PostgreSQL database (created and dropped per test), real signals.
+"""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.test_scaleout import TARGET, _autotune as _cmd, postgres_url  # noqa: F401 (a fixture)
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = HERE / "scale_workloads.py"
+
+
+def _tune(tmp_path, storage, *extra, target=TARGET, study="s", trials=2, env=None, timeout=300):
+    space = tmp_path / "space.yaml"
+    if not space.exists():
+        from scale_workloads import SPACE
+
+        space.write_text(SPACE)
+    return subprocess.run(
+        _cmd("tune", target, "--space", str(space), "--storage", storage, "--study", study, "--trials", str(trials),
+             "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--prune-below", "0", "--top-k", "0",
+             *extra),
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+def _one_line_error(proc, expected):
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("autotune: warning")]
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+# -- 4: an interrupted creation leaves no half-made study ---------------------------------------------------
+
+
+def _fail_attribute_writes(storage: str) -> callable:
+    """Make the storage fail to store the study's attributes, as a full disk would mid-creation; return the undo.
+
+    SQLite: a trigger that calls a function no connection defines fails every insert with an
+    OperationalError, the class of SQLITE_FULL (a trigger's RAISE is an IntegrityError, which Optuna
+    ignores for attributes). PostgreSQL: a trigger raises on the ``space`` attribute.
+    """
+    optuna.storages.RDBStorage(storage)  # the tables, as the first `autotune` would make them
+    if storage.startswith("sqlite:///"):
+        path = storage[len("sqlite:///"):]
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TRIGGER full BEFORE INSERT ON study_user_attributes "
+                         "BEGIN SELECT database_or_disk_is_full(); END")
+
+        def undo() -> None:
+            with sqlite3.connect(path) as conn:
+                conn.execute("DROP TRIGGER full")
+        return undo
+    import psycopg
+
+    plain = storage.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION full_disk() RETURNS trigger AS $$ BEGIN "
+                     "IF NEW.key = 'space' THEN RAISE EXCEPTION 'could not extend file: No space left on device'; "
+                     "END IF; RETURN NEW; END $$ LANGUAGE plpgsql")
+        conn.execute("CREATE TRIGGER disk_full BEFORE INSERT ON study_user_attributes FOR EACH ROW EXECUTE FUNCTION full_disk()")
+
+    def undo_pg() -> None:
+        with psycopg.connect(plain, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER disk_full ON study_user_attributes")
+    return undo_pg
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_an_interrupted_creation_is_finished_on_resume(kind, tmp_path, request):
+    storage = f"sqlite:///{tmp_path / 'a.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
+    undo = _fail_attribute_writes(storage)
+    first = _tune(tmp_path, storage)
+    _one_line_error(first, "failed while study 's' was being created")
+    assert "No space left" in first.stderr or "disk_is_full" in first.stderr
+    half = optuna.load_study(study_name="s", storage=storage)  # what the fault left: a study without its space
+    assert "space" not in half.user_attrs and "creation_done" not in half.user_attrs and half.trials == []
+
+    # A worker does not join it, and says why in one line.
+    worker = subprocess.run(_cmd("worker", TARGET, "--study", "s", "--storage", storage, "--studies-dir",
+                                 str(tmp_path / "studies"), "--no-progress"), capture_output=True, text=True, timeout=120)
+    _one_line_error(worker, "was left half-made")
+
+    undo()  # the space is freed
+    again = _tune(tmp_path, storage)
+    assert again.returncode == 0, again.stderr
+    study = optuna.load_study(study_name="s", storage=storage)
+    attrs = study.user_attrs
+    assert attrs["creation_done"] is True
+    assert attrs["target"] == TARGET and attrs["metric_direction"] == "maximize" and "space" in attrs
+    assert study.trials[0].user_attrs["role"] == "reference"
+    assert len([t for t in study.trials if t.state == TrialState.COMPLETE]) == 2
+
+    if kind != "sqlite":
+        return
+    # Now that the study records its space, a changed one is refused by name, not by an Optuna crash.
+    changed = tmp_path / "changed.yaml"
+    changed.write_text((tmp_path / "space.yaml").read_text().replace("[8, 16, 24, 32, 40, 48]", "[16, 32]"))
+    refused = _tune(tmp_path, storage, "--space", str(changed), trials=3)
+    _one_line_error(refused, "created with another search space")
+
+
+def test_a_half_made_study_with_trials_is_refused_in_one_line(tmp_path):
+    # What the old code left behind: a study row without attributes, resumed into trials anyway.
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    study = optuna.create_study(study_name="s", storage=storage, directions=["maximize", "minimize"])
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 0.0]))
+    proc = _tune(tmp_path, storage)
+    _one_line_error(proc, "was left half-made (its creation was interrupted) and has 1 trials since")
