@@ -121,3 +121,27 @@ def test_a_half_made_study_with_trials_is_refused_in_one_line(tmp_path):
     study.add_trial(optuna.trial.create_trial(values=[1.0, 0.0]))
     proc = _tune(tmp_path, storage)
     _one_line_error(proc, "was left half-made (its creation was interrupted) and has 1 trials since")
+
+
+# -- 5: a resume that changes how trials are judged is refused; an edited target is noticed ----------------
+
+
+def test_a_resume_refuses_a_changed_direction_or_bound_and_warns_of_an_edited_target(tmp_path):
+    target_path = tmp_path / "workload.py"
+    target_path.write_text(WORKLOADS.read_text())
+    target = f"{target_path}:train"
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    created = _tune(tmp_path, storage, target=target)
+    assert created.returncode == 0, created.stderr
+    before = len(optuna.load_study(study_name="s", storage=storage).trials)
+
+    direction = _tune(tmp_path, storage, "--metric-direction", "minimize", target=target, trials=3)
+    _one_line_error(direction, "created with --metric-direction maximize, not minimize")
+    bound = _tune(tmp_path, storage, "--max-accuracy-loss", "0.05", target=target, trials=3)
+    _one_line_error(bound, "created with --max-accuracy-loss 0.01, not 0.05")
+    assert len(optuna.load_study(study_name="s", storage=storage).trials) == before  # nothing ran
+
+    target_path.write_text(target_path.read_text() + "\n# edited after the study was created\n")
+    edited = _tune(tmp_path, storage, target=target, trials=3)
+    assert edited.returncode == 0, edited.stderr
+    assert f"warning: {target_path} changed since study 's' was created" in edited.stderr

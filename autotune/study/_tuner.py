@@ -22,7 +22,7 @@ from autotune import hardware as _hardware
 from autotune._config import Measurement, Result, TrialConfig
 from autotune._errors import AutotuneError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
-from autotune._target import target_of
+from autotune._target import target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.search._sampler import GuidedSampler
 from autotune.study._confirm import confirm_long, confirm_top_k
@@ -43,7 +43,8 @@ METRIC_NAMES = ["throughput", "accuracy_loss"]
 # it has no trials yet, else refused.
 CREATING = "creating"
 CREATION_DONE = "creation_done"
-CREATION_WAIT_SECONDS = 120.0  # how long a live creator on this host is waited for
+CREATION_WAIT_SECONDS = 120.0
+TARGET_DIGEST = "target_sha256"  # of the target's source file when the study was created  # how long a live creator on this host is waited for
 # Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
 # costs minutes on a few cores, so both are tried as moves rather than assumed.
 CPU_PRIORS = {"precision": ("fp32", "bf16"), "compile": ("off", "default")}
@@ -111,7 +112,24 @@ class Tuner:
                 f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}; "
                 "use a new --study name"
             )
+        accuracy = self.options.accuracy
+        for key, flag in (("metric_direction", "--metric-direction"), ("max_accuracy_loss", "--max-accuracy-loss")):
+            stored, asked = study.user_attrs.get(key), getattr(accuracy, key)
+            if stored is not None and stored != asked:
+                # One study judged by two rules would mix feasible sets (a loss read as a gain, two bounds).
+                raise StudyError(
+                    f"study {self.study_name!r} was created with {flag} {stored}, not {asked}; resume it with "
+                    f"{flag} {stored} or use a new --study name"
+                )
         return study
+
+    def _warn_if_target_changed(self, study: optuna.Study) -> None:
+        """One warning line when the target's source file differs from the one the study was created with."""
+        stored, now = study.user_attrs.get(TARGET_DIGEST), target_digest(self.target)
+        if stored and now and stored != now:
+            print(f"autotune: warning: {target_file(self.target)} changed since study {self.study_name!r} was "
+                  f"created (sha256 {stored[:12]} -> {now[:12]}): trials before and after measure different "
+                  "code; use a new --study name to compare like with like", file=sys.stderr, flush=True)
 
     def _join(self, storage: Any) -> optuna.Study:
         if not study_exists(storage, self.study_name):
@@ -192,6 +210,7 @@ class Tuner:
         accuracy = self.options.accuracy
         attrs = {
             "target": self.target,
+            TARGET_DIGEST: target_digest(self.target),
             "space_name": space.name,
             "space": space.to_dict(),
             "space_fingerprint": space.fingerprint,
@@ -329,6 +348,7 @@ class Tuner:
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)
+            self._warn_if_target_changed(study)
             self._warn_if_shared(study, caps)
             start_trial_server()
             TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
