@@ -97,3 +97,14 @@ def loader_worker_hangs(ctx) -> None:
 def train_records_env(ctx) -> None:
     ctx.record("mark", os.environ.get("AUTOTUNE_TEST_MARK"))
     train(ctx)
+
+
+def train_metric_at_baseline_only(ctx) -> None:
+    """Reports its metric only at the baseline's batch (16): a code path that skips ctx.report_metric."""
+    if ctx.config.batch_size == 16:
+        train(ctx)
+        return
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(8, 2))
+    for x, y in ctx.batches(ctx.loader(_data(ctx.seed))):
+        nn.CrossEntropyLoss()(model(x), y).backward()

@@ -145,3 +145,27 @@ def test_a_resume_refuses_a_changed_direction_or_bound_and_warns_of_an_edited_ta
     edited = _tune(tmp_path, storage, target=target, trials=3)
     assert edited.returncode == 0, edited.stderr
     assert f"warning: {target_path} changed since study 's' was created" in edited.stderr
+
+
+# -- 6: a trial without the metric the reference reported is never a pass ----------------------------------
+
+
+def test_a_trial_that_skips_report_metric_is_an_error_not_a_pass(tmp_path):
+    from autotune.study._verdict import ReferenceBand, judge
+
+    band = ReferenceBand.of([([1.0, 0.8, 0.5, 0.2, 0.1, 0.1, 0.1, 0.1], 0.9)] * 2)
+    verdict = judge([1.0, 0.8, 0.5, 0.2, 0.1, 0.1, 0.1, 0.1], None, band, reference_metric=0.9, max_accuracy_loss=0.01)
+    assert verdict.label == "unchecked" and "no metric was reported" in verdict.evidence  # the pure verdict
+
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    proc = _tune(tmp_path, storage, target=f"{WORKLOADS}:train_metric_at_baseline_only", trials=3)
+    assert proc.returncode == 0, proc.stderr
+    study = optuna.load_study(study_name="s", storage=storage)
+    others = [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs.get("role") != "reference"]
+    assert others
+    for trial in others:
+        assert trial.user_attrs["status"] == "error", trial.user_attrs
+        assert "reported no metric" in trial.user_attrs["error"]
+        assert trial.constraints["failure"] > 0 and trial.values[1] == float("inf")  # infeasible, never the best
+    best = json.loads((tmp_path / "studies" / "s" / "best_config.json").read_text())
+    assert best["trial"] == 0

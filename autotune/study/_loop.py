@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
@@ -13,7 +14,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import Measurement, TrialConfig, TrialOutcome
-from autotune._records import _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune._records import BATCH_REFERENCE, _best_record, _budget_trials, _distinct_configs, _feasible
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
@@ -193,6 +194,9 @@ class TrialLoop:
 
     def _tell(self, trial: optuna.Trial, config: TrialConfig, outcome: TrialOutcome) -> None:
         study = self.study
+        missing = self._missing_metric(config, outcome)
+        if missing:
+            outcome = dataclasses.replace(outcome, status="error", error=missing)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("status", outcome.status)
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
@@ -238,6 +242,17 @@ class TrialLoop:
         self._finish(trial, [0.0, math.inf])
         if outcome.status == "oom":
             self._record_implied_oom(config, trial.number)
+
+    def _missing_metric(self, config: TrialConfig, outcome: TrialOutcome) -> str:
+        """Why a trial that ran to the end is an error for want of a metric the reference reported ("" if not)."""
+        if not outcome.ok or outcome.measurement is None or outcome.measurement.metric is not None:
+            return ""
+        attrs = self.study.user_attrs
+        reference = attrs.get(f"{BATCH_REFERENCE}{config.global_batch_size}", attrs.get("reference_metric"))
+        if reference is None:
+            return ""
+        return (f"train_fn reported no metric (ctx.report_metric), though the fp32 reference reported "
+                f"{reference:.4g}: its accuracy cannot be checked")
 
     def _record_diagnosis(self, trial: optuna.Trial, state: str) -> None:
         """Store what held this trial back on the trial itself, judged against the study so far (a
