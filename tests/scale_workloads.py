@@ -108,3 +108,13 @@ def train_metric_at_baseline_only(ctx) -> None:
     model = ctx.model(nn.Linear(8, 2))
     for x, y in ctx.batches(ctx.loader(_data(ctx.seed))):
         nn.CrossEntropyLoss()(model(x), y).backward()
+
+
+def train_pauses_once(ctx) -> None:
+    """The first non-baseline trial writes its pid to a marker file and takes 8 s, so a test can pause its worker."""
+    marker = os.environ.get("AUTOTUNE_TEST_PAUSE_ONCE")
+    if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
+        with open(marker, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(8.0)
+    train(ctx)

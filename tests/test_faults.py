@@ -169,3 +169,48 @@ def test_a_trial_that_skips_report_metric_is_an_error_not_a_pass(tmp_path):
         assert trial.constraints["failure"] > 0 and trial.values[1] == float("inf")  # infeasible, never the best
     best = json.loads((tmp_path / "studies" / "s" / "best_config.json").read_text())
     assert best["trial"] == 0
+
+
+# -- 7: a paused worker whose trial was taken over goes on ------------------------------------------------
+
+
+def test_a_paused_worker_finds_its_trial_taken_over_and_goes_on(postgres_url, tmp_path):
+    target = f"{WORKLOADS}:train_pauses_once"
+    created = _tune(tmp_path, postgres_url, "--create-only", target=target, trials=4)
+    assert created.returncode == 0, created.stderr
+    marker = tmp_path / "paused.pid"
+
+    def worker(env):
+        return subprocess.Popen(_cmd("worker", target, "--study", "s", "--storage", postgres_url, "--grace-period", "2",
+                                     "--studies-dir", str(tmp_path / "studies"), "--no-progress"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+
+    paused = worker({"AUTOTUNE_TEST_PAUSE_ONCE": str(marker)})
+    deadline = time.time() + 180
+    while not marker.exists():
+        assert time.time() < deadline and paused.poll() is None, paused.communicate()[1]
+        time.sleep(0.2)
+    paused.send_signal(signal.SIGSTOP)
+    other = worker({})
+    try:
+        deadline = time.time() + 120
+        while True:  # the other worker fails the silent trial as stale (no heartbeat for 2 s)
+            study = optuna.load_study(study_name="s", storage=postgres_url)
+            failed = [t for t in study.trials if t.state == TrialState.FAIL]
+            if failed:
+                break
+            assert time.time() < deadline, "the paused worker's trial was never taken over"
+            time.sleep(0.5)
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    out, err = paused.communicate(timeout=300)
+    assert paused.returncode == 0, err
+    assert f"trial {failed[0].number} was taken over by another worker" in err
+    assert "UpdateFinishedTrialError" not in err
+    other_err = other.communicate(timeout=300)[1]
+    assert other.returncode == 0, other_err
+    study = optuna.load_study(study_name="s", storage=postgres_url)
+    retried = [t for t in study.trials if t.state == TrialState.COMPLETE and t.params == failed[0].params
+               and "duplicate_of" not in t.user_attrs]
+    assert len(retried) == 1, "the taken-over config was not run again exactly once"
+    assert len([t for t in study.trials if t.state == TrialState.COMPLETE and "status" in t.user_attrs]) == 4

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import socket
+import sys
 import time
 import warnings
 from typing import Any, Optional
@@ -121,6 +122,12 @@ class TrialLoop:
                         if reference_seconds:
                             trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
                 self._tell(trial, config, outcome)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # This worker was paused (SIGSTOP, a frozen VM) past the grace period: another worker failed
+            # the trial as stale and runs its config again, so this result is dropped and the run goes on.
+            print(f"autotune: warning: trial {trial.number} was taken over by another worker while this one "
+                  "was not heartbeating (paused?); its result here is dropped", file=sys.stderr, flush=True)
+            return "taken_over"
         except BaseException:
             if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
                 study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
