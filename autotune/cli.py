@@ -57,7 +57,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     length.add_argument("--train-steps", type=_positive_int, metavar="N",
                         help="the same as optimizer steps at the baseline's batch size")
     p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
-                   help="CPU only: address space a trial may add, so a too-large batch fails as oom")
+                   help="CPU only: address space (RLIMIT_AS) a trial may add, so a too-large batch fails as oom; "
+                        "threads and DataLoader workers reserve address space too, so too tight a limit fails "
+                        "them as oom as well (a cgroup memory limit is better where available)")
     p.add_argument("--confirm-samples", type=_positive_int,
                    help="after the search, train the best config and the reference this long")
     p.add_argument("--top-k", type=int, default=3,

@@ -214,3 +214,50 @@ def test_a_paused_worker_finds_its_trial_taken_over_and_goes_on(postgres_url, tm
                and "duplicate_of" not in t.user_attrs]
     assert len(retried) == 1, "the taken-over config was not run again exactly once"
     assert len([t for t in study.trials if t.state == TrialState.COMPLETE and "status" in t.user_attrs]) == 4
+
+
+# -- 8: infrastructure faults are `infra`, retried, never reused; the trial server is restarted -------------
+
+
+def _isolated(fn, tmp_path, timeout=60.0, memory_limit_gib=None, **config):
+    from autotune import Budget, TrialConfig
+    from autotune.study._isolation import run_isolated
+    from autotune.trial._execute import TrialSpec
+
+    spec = TrialSpec(f"{WORKLOADS}:{fn}", TrialConfig(**{"batch_size": 16, **config}),
+                     Budget(samples=512, warmup_steps=1, windows=3), memory_limit_gib=memory_limit_gib)
+    return run_isolated(spec, workdir=tmp_path / fn, timeout=timeout)
+
+
+def test_a_killed_trial_server_is_infra_and_is_restarted(tmp_path):
+    outcome = _isolated("kills_its_trial_server", tmp_path)
+    assert outcome.status == "infra" and "trial server" in outcome.error, outcome
+    assert _isolated("train", tmp_path).status == "ok"  # the next trial runs on a new server
+
+
+def test_a_lost_log_folder_is_infra_and_a_bad_record_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_TEST_RMTREE", str(tmp_path / "train_loses_its_folder"))
+    monkeypatch.setenv("AUTOTUNE_TEST_RMTREE_ONCE", str(tmp_path / "once"))
+    outcome = _isolated("train_loses_its_folder", tmp_path, batch_size=32)
+    assert outcome.status == "infra" and "could not write its log or result" in outcome.error, outcome
+    recorded = _isolated("records_an_object", tmp_path)
+    assert recorded.status == "error" and "not JSON-serialisable" in recorded.error, recorded
+
+
+def test_threads_refused_under_memory_limit_are_oom(tmp_path):
+    outcome = _isolated("starts_threads", tmp_path, memory_limit_gib=0.05)
+    assert outcome.status == "oom", outcome
+
+
+def test_an_infra_failure_is_retried_and_never_reused(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    env = {"AUTOTUNE_TEST_RMTREE": str(tmp_path / "studies" / "s" / "logs"),
+           "AUTOTUNE_TEST_RMTREE_ONCE": str(tmp_path / "once")}
+    proc = _tune(tmp_path, storage, target=f"{WORKLOADS}:train_loses_its_folder", trials=3, env=env)
+    assert proc.returncode == 0, proc.stderr
+    study = optuna.load_study(study_name="s", storage=storage)
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and failed[0].user_attrs["failure"].startswith("infra:"), failed
+    again = [t for t in study.trials if t.user_attrs.get("retry_of") == failed[0].number]
+    assert len(again) == 1 and again[0].state == TrialState.COMPLETE and again[0].user_attrs["status"] == "ok"
+    assert "duplicate_of" not in again[0].user_attrs and again[0].params == failed[0].params

@@ -16,12 +16,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import Measurement, TrialConfig, TrialOutcome
 from autotune._records import BATCH_REFERENCE, _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
 from autotune.study._workers import _Heartbeat, _worker_alive, _worker_id
+
+
+INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
 
 
 class TrialLoop:
@@ -59,7 +63,7 @@ class TrialLoop:
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
-        study, ruled_out = self.study, 0
+        study, ruled_out, infra = self.study, 0, 0
         ui.set_best(_best_record(study))
         ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
         while not self.sampler_done:
@@ -75,7 +79,13 @@ class TrialLoop:
             if len(_distinct_configs(study)) >= self.space.size:
                 ui.status("every config of the space has been measured")
                 break
-            if self._run_one(ui) == "infeasible":
+            ended = self._run_one(ui)
+            infra = infra + 1 if ended == "infra" else 0
+            if infra >= INFRA_LIMIT:
+                last = study.trials[-1].user_attrs.get("error", "")
+                raise StudyError(f"{infra} trials in a row failed outside the config ({last}); fix that, then "
+                                 "rerun the same command to resume")
+            if ended == "infeasible":
                 ruled_out += 1
                 if ruled_out >= 200:  # the sampler keeps proposing what cannot fit: nothing left
                     break
@@ -206,6 +216,9 @@ class TrialLoop:
             outcome = dataclasses.replace(outcome, status="error", error=missing)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("status", outcome.status)
+        if outcome.status == "infra":
+            self._tell_infra(trial, outcome)
+            return
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
         trial.set_user_attr("run_seconds", round(outcome.run_seconds, 3))
         if outcome.status == "pruned" and outcome.measurement is not None:
@@ -249,6 +262,16 @@ class TrialLoop:
         self._finish(trial, [0.0, math.inf])
         if outcome.status == "oom":
             self._record_implied_oom(config, trial.number)
+
+    def _tell_infra(self, trial: optuna.Trial, outcome: TrialOutcome) -> None:
+        """A trial whose surroundings failed: FAIL (no budget spent, nothing for the sampler or a duplicate to
+        reuse), and its config once more, as for a dead worker."""
+        trial.set_user_attr("failure", f"infra: {outcome.error}")
+        trial.set_user_attr("error", outcome.error)
+        trial.set_user_attr("stderr_tail", outcome.stderr_tail[-1500:])
+        self.study.tell(trial, state=TrialState.FAIL)
+        if "retry_of" not in trial.user_attrs and trial.params:
+            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
     def _missing_metric(self, config: TrialConfig, outcome: TrialOutcome) -> str:
         """Why a trial that ran to the end is an error for want of a metric the reference reported ("" if not)."""
