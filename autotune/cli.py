@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="join an existing study as one more worker")
     worker.add_argument("target", metavar="PATH_OR_MODULE:FUNC")
     worker.add_argument("--study", required=True)
-    worker.add_argument("--storage", required=True, help="the study's storage URL (postgresql://..., journal:PATH, ...)")
+    worker.add_argument("--storage", help="the study's storage URL (postgresql://..., journal:PATH, ...); default: "
+                                           "the AUTOTUNE_STORAGE environment variable, which keeps a password out of ps")
     worker.add_argument("--trial-timeout", type=_positive_float, default=600.0)
     worker.add_argument("--compile-timeout", type=_positive_float, metavar="SECONDS")
     worker.add_argument("--memory-limit", type=_positive_float, metavar="GIB")
@@ -238,14 +239,17 @@ def _warn_if_workers_share(args: argparse.Namespace, study_name: str, storage: s
 def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str, envs: list[dict[str, str]]) -> None:
     import subprocess
 
-    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study, "--storage", storage,
+    from autotune.study._storage import STORAGE_ENV
+
+    # The URL goes through the environment: argv, password included, is readable by every user via ps.
+    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study,
                "--trial-timeout", str(args.trial_timeout), "--grace-period", str(args.grace_period),
                "--studies-dir", args.studies_dir, "--no-progress"]
     if args.memory_limit:
         command += ["--memory-limit", str(args.memory_limit)]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
-    procs = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
+    procs = [subprocess.Popen(command, env={**os.environ, **env, STORAGE_ENV: storage}) for env in envs]
     try:
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:
@@ -257,6 +261,11 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from autotune.study._storage import STORAGE_ENV
+
+    args.storage = args.storage or os.environ.get(STORAGE_ENV)
+    if not args.storage:
+        raise AutotuneError(f"autotune worker needs --storage URL (or the {STORAGE_ENV} environment variable)")
     result = _tuner(args, args.target, mode="join").run()
     best = result.best
     print(f"worker done: study {result.study_name}, best so far "

@@ -261,3 +261,58 @@ def test_an_infra_failure_is_retried_and_never_reused(tmp_path):
     again = [t for t in study.trials if t.user_attrs.get("retry_of") == failed[0].number]
     assert len(again) == 1 and again[0].state == TrialState.COMPLETE and again[0].user_attrs["status"] == "ok"
     assert "duplicate_of" not in again[0].user_attrs and again[0].params == failed[0].params
+
+
+# -- 11: passwords stay out of everything printed, and out of the workers' argv ----------------------------
+
+
+@pytest.mark.parametrize("url, secret", [
+    ("postgresql://root:pa/ssLEAK1@db:5432/x", "LEAK1"),
+    ("postgresql://root@db:5432/x?sslmode=off&password=LEAK2", "LEAK2"),
+    ("postgresql://:LEAK3@db/x", "LEAK3"),
+    ("postgresql://root:pa@ssLEAK4@db/x", "LEAK4"),
+    ("cannot open storage mysql://u:LEAK5@db/x: refused", "LEAK5"),
+])
+def test_mask_url_hides_every_password(url, secret):
+    from autotune.study._storage import mask_url
+
+    masked = mask_url(url)
+    assert secret not in masked and "***" in masked and "db" in masked
+
+
+def _cmdlines() -> list[str]:
+    lines = []
+    for entry in Path("/proc").iterdir():
+        try:
+            lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return lines
+
+
+def test_workers_get_the_storage_url_outside_their_argv_and_nothing_prints_the_password(postgres_url, tmp_path):
+    url = postgres_url.replace("postgres@", "postgres:pa/ssLEAK1@") + "?password=LEAK2"  # trust auth ignores it
+    space = tmp_path / "space.yaml"
+    from scale_workloads import SPACE
+
+    space.write_text(SPACE)
+    proc = subprocess.Popen(
+        _cmd("tune", f"{WORKLOADS}:train_takes_seconds", "--space", str(space), "--storage", url, "--study", "s",
+             "--trials", "3", "--workers", "2", "--studies-dir", str(tmp_path / "studies"), "--no-progress",
+             "--prune-below", "0", "--top-k", "0"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen_workers, leaked = 0, []
+    while proc.poll() is None:
+        for line in _cmdlines():
+            if "autotune worker" in line or "autotune', 'worker" in line or " worker " in line and "autotune" in line:
+                seen_workers += 1
+            if "LEAK" in line and "pytest" not in line:
+                leaked.append(line)
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err
+    assert seen_workers > 0, "never saw a worker process"
+    assert not leaked, leaked
+    assert "LEAK" not in out + err and "***" in out
+    assert len([t for t in optuna.load_study(study_name="s", storage=postgres_url).trials
+                if t.state == TrialState.COMPLETE]) >= 3

@@ -23,9 +23,23 @@ def default_storage_url(studies_dir: Path = DEFAULT_STUDIES_DIR) -> str:
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 
 
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``, for messages, logs and files."""
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+# Where `autotune tune --workers/--gpus` hands its workers the storage URL: not their argv, which `ps` shows.
+STORAGE_ENV = "AUTOTUNE_STORAGE"
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``, for messages, logs and files.
+
+    The user part ends at the last ``@`` before the host (a password may hold ``/``, ``:`` or a raw
+    ``@``), and an empty user name still hides the password; ``password=`` in a query string is masked too.
+    """
+    def userinfo(match: "re.Match[str]") -> str:
+        user, sep, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}{sep and ':***'}@"
+
+    # scheme://USER[:PASSWORD]@ with the password running to the last "@" before whitespace.
+    text = re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s@]*(?:@[^\s@]*)*?)@(?=[^\s@]*$|[^\s@]*\s)", userinfo, text)
+    return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", text)
 
 
 def _enable_sqlite_wal(path: Path) -> None:
