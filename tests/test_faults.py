@@ -316,3 +316,31 @@ def test_workers_get_the_storage_url_outside_their_argv_and_nothing_prints_the_p
     assert "LEAK" not in out + err and "***" in out
     assert len([t for t in optuna.load_study(study_name="s", storage=postgres_url).trials
                 if t.state == TrialState.COMPLETE]) >= 3
+
+
+# -- 12: no quadratic hangs ----------------------------------------------------------------------------------
+
+
+def test_a_range_with_a_tiny_step_is_refused_at_once(write_space):
+    from autotune._errors import SpaceError
+    from autotune.search._space import load_space
+
+    path = write_space("knobs:\n  memory_fraction: {low: 0.1, high: 1.0, step: 1.0e-7}\n")
+    started = time.monotonic()
+    with pytest.raises(SpaceError, match=r"memory_fraction: 0.1 to 1.0 in steps of 1e-07 is 9,000,001 values; at most"):
+        load_space(path)
+    assert time.monotonic() - started < 1.0
+
+
+def test_simulate_loads_a_large_table_in_linear_time(tmp_path):
+    from autotune.search._simulate import ReplayTable
+
+    path = tmp_path / "big.jsonl"
+    with path.open("w") as fh:  # 40,000 rows, one param with 40,000 distinct values
+        for i in range(40_000):
+            fh.write(json.dumps({"params": {"batch_size": 8 * (i + 1), "precision": "bf16"}, "status": "ok",
+                                 "throughput": 1.0 + i}) + "\n")
+    started = time.monotonic()
+    table = ReplayTable.load(path)
+    assert len(table) == 40_000 and len(table.values["batch_size"]) == 40_000
+    assert time.monotonic() - started < 5.0
