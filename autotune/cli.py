@@ -25,8 +25,22 @@ def _positive_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive finite number")
+    return value
+
+
+def _bound(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:  # nan fails this too
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1)")
     return value
 
 
@@ -36,7 +50,7 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--timeout", type=_positive_float, help="stop starting trials after this many seconds")
     p.add_argument("--study", help="study name (default: the function's name)")
     p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default sqlite:///studies/autotune.db)")
-    p.add_argument("--max-accuracy-loss", type=float, default=0.01,
+    p.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
     p.add_argument("--batch-policy", choices=("fixed", "scale"),
@@ -64,7 +78,7 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="after the search, train the best config and the reference this long")
     p.add_argument("--top-k", type=int, default=3,
                    help="re-measure the K fastest configs in alternation before declaring the best (0: off)")
-    p.add_argument("--prune-below", type=float, default=0.5, metavar="FRACTION",
+    p.add_argument("--prune-below", type=_fraction, default=0.5, metavar="FRACTION",
                    help="stop a trial after its first timed window when it runs below this fraction of the best "
                         "so far (default 0.5; 0: never)")
     p.add_argument("--seed", type=int, default=0)
@@ -74,8 +88,17 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="seconds without a heartbeat before another worker's running trial counts as dead (default 60)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line, like every other autotune error (exit code 2, as argparse's)."""
+
+    def error(self, message: str) -> Any:
+        print(f"autotune: error: {self.prog.partition(' ')[2] or self.prog}: {message} (see {self.prog} --help)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autotune", description="Find the fastest training config by measuring it.")
+    parser = _Parser(prog="autotune", description="Find the fastest training config by measuring it.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     tune = sub.add_parser("tune", help="tune a training function")
@@ -124,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--noise", type=float, default=0.0,
                      help="multiply each looked-up throughput by a random factor within +-this (e.g. 0.02)")
     sim.add_argument("--top-k", type=int, default=3, help="top-K re-measurement before the final pick (default 3)")
-    sim.add_argument("--max-accuracy-loss", type=float, default=0.01)
+    sim.add_argument("--max-accuracy-loss", type=_bound, default=0.01)
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
@@ -149,6 +172,14 @@ def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage
 
     demo = target == DEMO_TARGET
     options = {keyword: getattr(args, option) for option, keyword in _TUNER_OPTIONS.items() if hasattr(args, option)}
+    try:
+        return _make_tuner(Tuner, args, target, demo, mode, storage, options)
+    except ValueError as exc:  # an option out of range (the records validate themselves)
+        raise AutotuneError(str(exc)) from None
+
+
+def _make_tuner(Tuner: Any, args: argparse.Namespace, target: str, demo: bool, mode: str, storage: Optional[str],
+                options: dict[str, Any]) -> Any:
     return Tuner(
         target,
         default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
@@ -454,6 +485,13 @@ def _dashboard(args: argparse.Namespace) -> int:
     if args.host in ("0.0.0.0", "::"):
         print(f"autotune: warning: binding to {args.host} exposes the dashboard, which can edit studies, "
               "to every network this machine is on", file=sys.stderr)
+    import socket
+
+    try:  # a port in use would end in optuna-dashboard's traceback, after the exec
+        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+            probe.bind((args.host, args.port))
+    except OSError as exc:
+        raise AutotuneError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
@@ -489,6 +527,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _simulate(args)
     except AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("autotune: interrupted; the study keeps every finished trial, rerun the same command to resume",

@@ -344,3 +344,56 @@ def test_simulate_loads_a_large_table_in_linear_time(tmp_path):
     table = ReplayTable.load(path)
     assert len(table) == 40_000 and len(table.values["batch_size"]) == 40_000
     assert time.monotonic() - started < 5.0
+
+
+# -- 13: one line, never a traceback ------------------------------------------------------------------------
+
+MODULES = HERE / "fault_modules"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--max-accuracy-loss", "-1"], "--max-accuracy-loss: -1 is not a finite number >= 0"),
+    (["--max-accuracy-loss", "nan"], "--max-accuracy-loss: nan is not a finite number >= 0"),
+    (["--prune-below", "1.5"], "--prune-below: 1.5 is not a fraction in [0, 1)"),
+    (["--trial-timeout", "inf"], "--trial-timeout: inf is not a positive finite number"),
+])
+def test_options_out_of_range_are_one_line(args, expected, tmp_path):
+    proc = subprocess.run(_cmd("tune", TARGET, "--storage", f"sqlite:///{tmp_path / 'a.db'}", *args),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and expected in proc.stderr, proc.stderr
+    assert not (tmp_path / "a.db").exists()
+
+
+def test_bad_files_modules_and_ports_are_one_line(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_bytes(b"knobs:\n  batch_size: [8, 16]\n# \xff\xfe\n")
+    bad_table = tmp_path / "bad.jsonl"
+    bad_table.write_bytes(b'{"params": {"a": 1}, "status": "ok", "throughput": 1}\n\xff\n')
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    cases = [
+        (_cmd("tune", TARGET, "--space", str(bad_yaml), "--storage", storage), "not UTF-8 text"),
+        (_cmd("simulate", str(bad_table)), "not UTF-8 text"),
+        (_cmd("tune", TARGET, "--studies-dir", str(blocker / "studies")), "Not a directory"),
+        (_cmd("tune", f"{MODULES / 'exits_at_import.py'}:train", "--storage", storage), "called sys.exit(0)"),
+    ]
+    for command, expected in cases:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        _one_line_error(proc, expected)
+    import socket
+
+    with socket.socket() as sock:  # a port in use
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        _tune(tmp_path, storage, trials=1)
+        port = sock.getsockname()[1]
+        proc = subprocess.run(_cmd("dashboard", "--storage", storage, "--port", str(port)), capture_output=True,
+                              text=True, timeout=60)
+        _one_line_error(proc, f"cannot listen on 127.0.0.1:{port}")
+
+
+def test_a_module_that_prints_at_import_without_a_newline_still_tunes(tmp_path):
+    proc = _tune(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", target=f"{MODULES / 'prints_at_import.py'}:train", trials=1)
+    assert proc.returncode == 0, proc.stderr
