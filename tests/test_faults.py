@@ -397,3 +397,28 @@ def test_bad_files_modules_and_ports_are_one_line(tmp_path):
 def test_a_module_that_prints_at_import_without_a_newline_still_tunes(tmp_path):
     proc = _tune(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", target=f"{MODULES / 'prints_at_import.py'}:train", trials=1)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- 14: study names never escape studies/ nor share a folder ----------------------------------------------
+
+
+def test_a_study_name_that_escapes_or_collides_is_refused_or_kept_apart(tmp_path):
+    from autotune import load_best
+    from autotune._errors import StudyError
+    from autotune._records import study_dir
+
+    for name in ("..", "x/y", "a" * 256):
+        proc = subprocess.run(_cmd("tune", TARGET, "--study", name, "--storage", f"sqlite:///{tmp_path / 'a.db'}",
+                                   "--studies-dir", str(tmp_path / "studies")),
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        _one_line_error(proc, "study name")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, inside studies/ or out
+
+    assert study_dir("x y") != study_dir("x_y") and study_dir("x_y").name == "x_y"
+    assert len({study_dir(n) for n in ("x y", "x:y", "x_y", "x?y")}) == 4
+
+    folder = study_dir("x_y", tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "best_config.json").write_text(json.dumps({"study": "x y", "config": {"batch_size": 16}}))
+    with pytest.raises(StudyError, match="belongs to study 'x y', not 'x_y'"):
+        load_best("x_y", studies_dir=tmp_path)
