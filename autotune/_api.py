@@ -28,7 +28,7 @@ def load_study_result(study_name: str, *, storage: Optional[str] = None,
     Raises:
         StudyError: no such study in the storage.
     """
-    opened, url = open_storage(storage, Path(studies_dir))
+    opened, url = open_storage(storage, Path(studies_dir), create=False)
     if not study_exists(opened, study_name):
         names = ", ".join(s.study_name for s in optuna.get_all_study_summaries(opened)) or "none"
         raise StudyError(f"no study {study_name!r} in {url} (studies there: {names})")

@@ -313,7 +313,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
     def say(text: str) -> None:
         console.print(text, highlight=False, soft_wrap=True)  # one line each, so it can be searched
 
-    table = Table(title=f"autotune: study {result.study_name}", show_header=True)
+    from rich.markup import escape  # paths, URLs and names are the user's text, not markup ("out[/red]")
+
+    table = Table(title=f"autotune: study {escape(result.study_name)}", show_header=True)
     table.add_column("")
     table.add_column("config")
     table.add_column("samples/s", justify="right")
@@ -345,18 +347,18 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         _say_accuracy(say, result)
     if result.colocation_warning:
-        say(f"[yellow]Warning: {result.colocation_warning}.[/yellow]")
+        say(f"[yellow]Warning: {escape(result.colocation_warning)}.[/yellow]")
     if result.best_per_device:
         console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
         for device, record in sorted(result.best_per_device.items()):
             console.print(f"  {device}: {record.throughput:,.1f}/s  {record.config.describe()} (trial #{record.number})")
     if result.removed_knobs:
         console.print("Removed before the search (capability probe, compile break-even): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()))
-    console.print(f"Best config written to {result.best_config_path}")
+    console.print(f"Best config written to {escape(str(result.best_config_path))}")
     from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
-    console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
+    console.print(f"Review it: autotune dashboard --storage {escape(url)}   (or: optuna-dashboard {escape(url)})")
 
 
 def _say_accuracy(say: Any, result: Any) -> None:
@@ -479,7 +481,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     url = args.storage or default_storage_url(Path(args.studies_dir))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
-    open_storage(url, Path(args.studies_dir))  # refuses unknown schemes and unreachable servers in one line
+    open_storage(url, Path(args.studies_dir), create=False)  # unknown schemes, unreachable servers: one line
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if args.host in ("0.0.0.0", "::"):

@@ -422,3 +422,57 @@ def test_a_study_name_that_escapes_or_collides_is_refused_or_kept_apart(tmp_path
     (folder / "best_config.json").write_text(json.dumps({"study": "x y", "config": {"batch_size": 16}}))
     with pytest.raises(StudyError, match="belongs to study 'x y', not 'x_y'"):
         load_best("x_y", studies_dir=tmp_path)
+
+
+# -- 15: small ones ------------------------------------------------------------------------------------------
+
+
+def test_markup_in_a_path_and_concurrent_best_config_writers(tmp_path):
+    import threading
+
+    from autotune._api import load_study_result
+    from autotune.study._results import write_best_config
+
+    studies = tmp_path / "out[/red]"
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    proc = _tune(tmp_path, storage, "--studies-dir", str(studies), trials=1)
+    assert proc.returncode == 0, proc.stderr
+    assert "MarkupError" not in proc.stderr and "Best config written to" in proc.stdout
+
+    study, result = load_study_result("s", storage=storage)
+    errors = []
+
+    def write() -> None:
+        for _ in range(50):
+            try:
+                write_best_config(study, result, studies)
+            except OSError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads((studies / "s" / "best_config.json").read_text())["study"] == "s"
+    assert [p.name for p in (studies / "s").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_read_commands_create_no_storage(postgres_url, tmp_path):
+    import psycopg
+
+    missing = subprocess.run(_cmd("best", "foo", "--studies-dir", str(tmp_path / "studies")),
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    _one_line_error(missing, "no study database at")
+    assert not (tmp_path / "studies").exists()
+    journal = subprocess.run(_cmd("best", "foo", "--storage", f"journal:{tmp_path / 'j.journal'}"),
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    _one_line_error(journal, "no journal file at")
+    assert not (tmp_path / "j.journal").exists()
+    empty = subprocess.run(_cmd("best", "foo", "--storage", postgres_url), capture_output=True, text=True,
+                           timeout=60, cwd=tmp_path)
+    _one_line_error(empty, "holds no Optuna studies")
+    with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        tables = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'").fetchone()
+    assert tables == (0,)
