@@ -239,7 +239,8 @@ class Tuner:
         if not study.trials:  # a half-made study may have got as far as trial 0
             self._add_baseline_trial(study, space, reference)
         blind = self._references.blind_reasons(study)
-        study.set_user_attr("accuracy_check", {"blind": bool(blind), "reasons": blind})
+        # "reasons" lists every blind part; "blind" is true only when no part can vouch.
+        study.set_user_attr("accuracy_check", {"blind": self._references.is_blind(study), "reasons": blind})
         study.set_user_attr(CREATION_DONE, True)  # last: a study without it is half-made
         return study
 
