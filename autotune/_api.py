@@ -28,7 +28,7 @@ def load_study_result(study_name: str, *, storage: Optional[str] = None,
     Raises:
         StudyError: no such study in the storage.
     """
-    opened, url = open_storage(storage, Path(studies_dir))
+    opened, url = open_storage(storage, Path(studies_dir), create=False)
     if not study_exists(opened, study_name):
         names = ", ".join(s.study_name for s in optuna.get_all_study_summaries(opened)) or "none"
         raise StudyError(f"no study {study_name!r} in {url} (studies there: {names})")
@@ -50,12 +50,19 @@ def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
             raise StudyError(f"{path}: no such file")
-        doc = json.loads(path.read_text())
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise StudyError(f"{path}: not a best_config.json ({exc})") from None
         if not doc.get("config"):
             raise StudyError(f"{path}: the study found no feasible config")
         return TrialConfig.from_dict(doc["config"])
     json_path = study_dir(str(study_or_path), Path(studies_dir)) / "best_config.json"
     if storage is None and json_path.is_file():
+        doc = json.loads(json_path.read_text(encoding="utf-8"))
+        if doc.get("study") != str(study_or_path):
+            raise StudyError(f"{json_path} belongs to study {doc.get('study')!r}, not {str(study_or_path)!r}; "
+                             "pass the file's path, or the study's --storage")
         return load_best(json_path)
     _, result = load_study_result(str(study_or_path), storage=storage, studies_dir=studies_dir)
     if result.best_config is None:

@@ -32,7 +32,9 @@ ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "efficient", "cudnn", "m
 OPTIMIZER_IMPLS: tuple[str, ...] = ("default", "foreach", "fused")
 
 # compile_timeout: torch.compile ran past its own deadline (the compile mode is slow for this model, not broken).
-Status = Literal["ok", "pruned", "oom", "timeout", "compile_timeout", "crash", "cuda_fatal", "nan", "error"]
+# infra: the trial's surroundings failed (its log folder vanished or was unwritable, the trial server died),
+# not the config: it is retried, and never reused as the result of a duplicate.
+Status = Literal["ok", "pruned", "oom", "timeout", "compile_timeout", "crash", "cuda_fatal", "nan", "error", "infra"]
 
 # "fixed": every trial trains at the study's global batch, the batch_size knob is the micro-batch and
 # gradients are accumulated over global / micro micro-batches, so every trial takes the same optimizer

@@ -7,6 +7,7 @@ its own study through it while it runs, and ``autotune best``, ``load_best`` and
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import warnings
@@ -22,8 +23,26 @@ from autotune._errors import StudyError
 DEFAULT_STUDIES_DIR = Path("studies")
 
 
+MAX_STUDY_NAME = 200  # characters: the folder name, with room for a suffix, stays under 255 bytes
+
+
 def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in study_name)
+    """The study's folder under ``studies_dir``: one per name, never outside it.
+
+    A name with other characters than letters, digits, ``-``, ``_`` and ``.`` keeps a short hash of
+    itself, so that ``x y`` and ``x_y`` do not share a folder (and overwrite each other's files).
+
+    Raises:
+        StudyError: the name is empty, ``.`` or ``..``, holds a path separator, or is too long.
+    """
+    if study_name in ("", ".", "..") or any(c in study_name for c in "/\\\0"):
+        raise StudyError(f"study name {study_name[:60]!r}: it names a folder under {studies_dir}, so it must not be "
+                         "empty, '.', '..' or hold '/' or '\\'")
+    if len(study_name) > MAX_STUDY_NAME:
+        raise StudyError(f"study name {study_name[:40]!r}...: {len(study_name)} characters; at most {MAX_STUDY_NAME}")
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in study_name)
+    if safe != study_name:
+        safe = f"{safe}-{hashlib.sha256(study_name.encode()).hexdigest()[:8]}"
     return studies_dir / safe
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from autotune._errors import WorkloadError
 
@@ -31,6 +32,31 @@ def target_of(fn: Callable[..., Any]) -> str:
             raise WorkloadError("train_fn is defined in an interactive session; put it in a .py file")
         return f"{os.path.abspath(path)}:{name}"
     return f"{module}:{name}"
+
+
+def target_file(target: str) -> Optional[Path]:
+    """The source file ``target`` is defined in, found without running it (``None`` when not found)."""
+    module_part = target.rpartition(":")[0]
+    if module_part.endswith(".py") or os.sep in module_part:
+        path = Path(module_part)
+        return path if path.is_file() else None
+    try:
+        spec = importlib.util.find_spec(module_part)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None) if spec else None
+    return Path(origin) if origin and os.path.isfile(origin) else None
+
+
+def target_digest(target: str) -> Optional[str]:
+    """The SHA-256 of ``target``'s source file, so a resume can tell that the code changed."""
+    path = target_file(target)
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def load_target(target: str) -> Callable[..., Any]:

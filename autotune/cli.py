@@ -25,8 +25,22 @@ def _positive_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive finite number")
+    return value
+
+
+def _bound(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:  # nan fails this too
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1)")
     return value
 
 
@@ -36,7 +50,7 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--timeout", type=_positive_float, help="stop starting trials after this many seconds")
     p.add_argument("--study", help="study name (default: the function's name)")
     p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default sqlite:///studies/autotune.db)")
-    p.add_argument("--max-accuracy-loss", type=float, default=0.01,
+    p.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
     p.add_argument("--baseline", metavar="KNOB=VALUE,...",
@@ -61,12 +75,14 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     length.add_argument("--train-steps", type=_positive_int, metavar="N",
                         help="the same as optimizer steps at the baseline's batch size")
     p.add_argument("--memory-limit", type=_positive_float, metavar="GIB",
-                   help="CPU only: address space a trial may add, so a too-large batch fails as oom")
+                   help="CPU only: address space (RLIMIT_AS) a trial may add, so a too-large batch fails as oom; "
+                        "threads and DataLoader workers reserve address space too, so too tight a limit fails "
+                        "them as oom as well (a cgroup memory limit is better where available)")
     p.add_argument("--confirm-samples", type=_positive_int,
                    help="after the search, train the best config and the reference this long")
     p.add_argument("--top-k", type=int, default=3,
                    help="re-measure the K fastest configs in alternation before declaring the best (0: off)")
-    p.add_argument("--prune-below", type=float, default=0.5, metavar="FRACTION",
+    p.add_argument("--prune-below", type=_fraction, default=0.5, metavar="FRACTION",
                    help="stop a trial after its first timed window when it runs below this fraction of the best "
                         "so far (default 0.5; 0: never)")
     p.add_argument("--seed", type=int, default=0)
@@ -76,10 +92,19 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="seconds without a heartbeat before another worker's running trial counts as dead (default 60)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line, like every other autotune error (exit code 2, as argparse's)."""
+
+    def error(self, message: str) -> Any:
+        print(f"autotune: error: {self.prog.partition(' ')[2] or self.prog}: {message} (see {self.prog} --help)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from autotune import __version__
 
-    parser = argparse.ArgumentParser(prog="autotune", description="Find the fastest training config by measuring it.")
+    parser = _Parser(prog="autotune", description="Find the fastest training config by measuring it.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -94,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="join an existing study as one more worker")
     worker.add_argument("target", metavar="PATH_OR_MODULE:FUNC")
     worker.add_argument("--study", required=True)
-    worker.add_argument("--storage", required=True, help="the study's storage URL (postgresql://..., journal:PATH, ...)")
+    worker.add_argument("--storage", help="the study's storage URL (postgresql://..., journal:PATH, ...); default: "
+                                           "the AUTOTUNE_STORAGE environment variable, which keeps a password out of ps")
     worker.add_argument("--trial-timeout", type=_positive_float, default=600.0)
     worker.add_argument("--compile-timeout", type=_positive_float, metavar="SECONDS")
     worker.add_argument("--memory-limit", type=_positive_float, metavar="GIB")
@@ -128,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--noise", type=float, default=0.0,
                      help="multiply each looked-up throughput by a random factor within +-this (e.g. 0.02)")
     sim.add_argument("--top-k", type=int, default=3, help="top-K re-measurement before the final pick (default 3)")
-    sim.add_argument("--max-accuracy-loss", type=float, default=0.01)
+    sim.add_argument("--max-accuracy-loss", type=_bound, default=0.01)
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
@@ -154,6 +180,14 @@ def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage
 
     demo = target == DEMO_TARGET
     options = {keyword: getattr(args, option) for option, keyword in _TUNER_OPTIONS.items() if hasattr(args, option)}
+    try:
+        return _make_tuner(Tuner, args, target, demo, mode, storage, options)
+    except ValueError as exc:  # an option out of range (the records validate themselves)
+        raise AutotuneError(str(exc)) from None
+
+
+def _make_tuner(Tuner: Any, args: argparse.Namespace, target: str, demo: bool, mode: str, storage: Optional[str],
+                options: dict[str, Any]) -> Any:
     return Tuner(
         target,
         default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
@@ -244,14 +278,17 @@ def _warn_if_workers_share(args: argparse.Namespace, study_name: str, storage: s
 def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str, envs: list[dict[str, str]]) -> None:
     import subprocess
 
-    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study, "--storage", storage,
+    from autotune.study._storage import STORAGE_ENV
+
+    # The URL goes through the environment: argv, password included, is readable by every user via ps.
+    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study,
                "--trial-timeout", str(args.trial_timeout), "--grace-period", str(args.grace_period),
                "--studies-dir", args.studies_dir, "--no-progress"]
     if args.memory_limit:
         command += ["--memory-limit", str(args.memory_limit)]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
-    procs = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
+    procs = [subprocess.Popen(command, env={**os.environ, **env, STORAGE_ENV: storage}) for env in envs]
     try:
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt:
@@ -263,6 +300,11 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from autotune.study._storage import STORAGE_ENV
+
+    args.storage = args.storage or os.environ.get(STORAGE_ENV)
+    if not args.storage:
+        raise AutotuneError(f"autotune worker needs --storage URL (or the {STORAGE_ENV} environment variable)")
     result = _tuner(args, args.target, mode="join").run()
     best = result.best
     print(f"worker done: study {result.study_name}, best so far "
@@ -280,7 +322,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
     def say(text: str) -> None:
         console.print(text, highlight=False, soft_wrap=True)  # one line each, so it can be searched
 
-    table = Table(title=f"autotune: study {result.study_name}", show_header=True)
+    from rich.markup import escape  # paths, URLs and names are the user's text, not markup ("out[/red]")
+
+    table = Table(title=f"autotune: study {escape(result.study_name)}", show_header=True)
     table.add_column("")
     table.add_column("config")
     table.add_column("samples/s", justify="right")
@@ -315,7 +359,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         _say_accuracy(say, result)
     if result.colocation_warning:
-        say(f"[yellow]Warning: {result.colocation_warning}.[/yellow]")
+        say(f"[yellow]Warning: {escape(result.colocation_warning)}.[/yellow]")
     if result.best_per_device:
         console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
         for device, record in sorted(result.best_per_device.items()):
@@ -324,12 +368,13 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         console.print("Removed before the search (capability probe, compile break-even, what the reference run "
                       "showed of the model): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()),
                       markup=False, highlight=False, soft_wrap=True)
-    console.print(f"Best config written to {result.best_config_path}")
+    console.print(f"Best config written to {escape(str(result.best_config_path))}")
     from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
-    say(f"Review it: autotune dashboard --storage {url}   (plain optuna-dashboard {url} does not read the "
-        "accuracy bound: it calls the Pareto front of all trials, infeasible ones included, best)")
+    console.print(f"Review it: autotune dashboard --storage {escape(url)}   (plain optuna-dashboard {escape(url)} does not "
+                  "read the accuracy bound: it calls the Pareto front of all trials, infeasible ones included, best)",
+                  soft_wrap=True)
 
 
 def _say_accuracy(say: Any, result: Any) -> None:
@@ -459,12 +504,19 @@ def _dashboard(args: argparse.Namespace) -> int:
     url = args.storage or default_storage_url(Path(args.studies_dir))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
-    open_storage(url, Path(args.studies_dir))  # refuses unknown schemes and unreachable servers in one line
+    open_storage(url, Path(args.studies_dir), create=False)  # unknown schemes, unreachable servers: one line
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if args.host in ("0.0.0.0", "::"):
         print(f"autotune: warning: binding to {args.host} exposes the dashboard, which can edit studies, "
               "to every network this machine is on", file=sys.stderr)
+    import socket
+
+    try:  # a port in use would end in optuna-dashboard's traceback, after the exec
+        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+            probe.bind((args.host, args.port))
+    except OSError as exc:
+        raise AutotuneError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
@@ -502,6 +554,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _simulate(args)
     except AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("autotune: interrupted; the study keeps every finished trial, rerun the same command to resume",

@@ -97,3 +97,61 @@ def loader_worker_hangs(ctx) -> None:
 def train_records_env(ctx) -> None:
     ctx.record("mark", os.environ.get("AUTOTUNE_TEST_MARK"))
     train(ctx)
+
+
+def train_metric_at_baseline_only(ctx) -> None:
+    """Reports its metric only at the baseline's batch (16): a code path that skips ctx.report_metric."""
+    if ctx.config.batch_size == 16:
+        train(ctx)
+        return
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(8, 2))
+    for x, y in ctx.batches(ctx.loader(_data(ctx.seed))):
+        nn.CrossEntropyLoss()(model(x), y).backward()
+
+
+def train_pauses_once(ctx) -> None:
+    """The first non-baseline trial writes its pid to a marker file and takes 8 s, so a test can pause its worker."""
+    marker = os.environ.get("AUTOTUNE_TEST_PAUSE_ONCE")
+    if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
+        with open(marker, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(8.0)
+    train(ctx)
+
+
+def train_loses_its_folder(ctx) -> None:
+    """The first non-baseline trial deletes the study's log folder under itself (a clean-up gone wrong)."""
+    import shutil
+
+    marker = os.environ.get("AUTOTUNE_TEST_RMTREE_ONCE")
+    train(ctx)
+    if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
+        open(marker, "w").close()
+        shutil.rmtree(os.environ["AUTOTUNE_TEST_RMTREE"])
+
+
+def kills_its_trial_server(ctx) -> None:
+    """Kills the process that forked it (the forkserver), as an OOM killer or an operator might."""
+    import signal
+
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(5)
+    train(ctx)
+
+
+def records_an_object(ctx) -> None:
+    train(ctx)
+    ctx.record("k", object())
+
+
+def starts_threads(ctx) -> None:
+    """Starts a thread as a DataLoader or a profiler would; under a tight address-space limit it cannot."""
+    import threading
+
+    threads = [threading.Thread(target=time.sleep, args=(0.1,)) for _ in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    train(ctx)

@@ -242,6 +242,9 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+_PROBE_MARK = "autotune-probe-answer: "
+
+
 def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> Capabilities:
     """Probe the machine in a child process, and check there that ``target`` imports.
 
@@ -264,7 +267,11 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise AutotuneError(f"the hardware probe failed: {tail}")
-    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = [line[len(_PROBE_MARK):] for line in proc.stdout.splitlines() if line.startswith(_PROBE_MARK)]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
+        raise AutotuneError(f"the hardware probe gave no answer (did {target or 'it'} exit at import?): {tail[:300]}")
+    answer = json.loads(lines[-1])
     if answer.get("target_error"):
         raise WorkloadError(answer["target_error"])
     return Capabilities.from_dict(answer["capabilities"])
@@ -279,10 +286,14 @@ def _main(argv: list[str]) -> None:
             load_target(argv[0])
         except AutotuneError as exc:
             answer["target_error"] = str(exc)
+        except SystemExit as exc:  # the user's module called sys.exit() at import
+            answer["target_error"] = f"{argv[0]}: importing it called sys.exit({exc.code!r}); guard the script part " \
+                                     "with if __name__ == '__main__':"
         except Exception as exc:  # the user's module failed at import: report it in one line
             answer["target_error"] = f"{argv[0]}: importing it raised {type(exc).__name__}: {exc}".splitlines()[0]
+    # On a line of its own, marked: the user's module may have printed, with or without a newline.
+    sys.stdout.write("\n" + _PROBE_MARK + json.dumps(answer) + "\n")
     sys.stdout.flush()
-    print(json.dumps(answer))
 
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import functools
 import hashlib
@@ -368,6 +370,9 @@ def _parse_knob(where: str, name: str, raw: Any) -> Knob:
     return Knob(name, choices=tuple(values))
 
 
+MAX_RANGE_VALUES = 10_000  # values one range knob may expand to
+
+
 def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
     numeric = ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction", *DALI_LOADER_KNOBS)
     if name not in numeric:
@@ -387,6 +392,11 @@ def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
         raise SpaceError(f"{where}: knobs.{name}.step: {step!r} is not a positive number")
     if name == "batch_size" and step % 8:
         raise SpaceError(f"{where}: knobs.batch_size.step: {step} is not a multiple of 8")
+    count = math.floor((high - low) / step + 1e-9) + 1 if math.isfinite((high - low) / step) else math.inf
+    if count > MAX_RANGE_VALUES:
+        # Every value of a range is expanded (the space's size, restriction, the sampler's grid).
+        raise SpaceError(f"{where}: knobs.{name}: {low} to {high} in steps of {step:g} is {count:,} values; at most "
+                         f"{MAX_RANGE_VALUES:,} (use a coarser step or list the choices)")
     return Knob(name, low=low, high=high, step=step)
 
 
@@ -536,7 +546,9 @@ def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
     path = space_path(name_or_path)
     where = str(name_or_path) if not Path(name_or_path).exists() else str(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpaceError(f"{where}: not UTF-8 text (byte {exc.start}); a search space is YAML") from None
     except FileNotFoundError:
         known = ", ".join(p.stem for p in sorted(SPACES_DIR.glob("*.yaml")))
         raise SpaceError(f"{where}: no such search space (built in: {known})") from None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from autotune._config import TrialOutcome
-from autotune.trial._execute import TrialSpec, _child
+from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
 
 STDERR_TAIL_CHARS = 2000
@@ -62,6 +62,34 @@ def _nothing() -> None:
     pass
 
 
+def _trial_server_dead(wait: float = 0.0) -> bool:
+    """Whether the forkserver was started and has died since (it is then a zombie, or gone).
+
+    Args:
+        wait: Seconds to keep looking: a killed server closes its pipes (which ends the trial's wait)
+            a moment before it is a zombie.
+    """
+    deadline = time.monotonic() + wait
+    while not _server_gone():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _server_gone() -> bool:
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return os.path.exists("/proc/self")  # gone from a working /proc: dead (without /proc: cannot tell)
+
+
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as fh:
@@ -92,12 +120,17 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
         compile_timeout: Seconds of torch.compile work (as the trial's compile clock counts them) before
             the group is killed and the trial ends as ``compile_timeout``; ``None``: no compile deadline.
     """
-    workdir.mkdir(parents=True, exist_ok=True)
     result_path = workdir / "result.json"
     log_path = workdir / "trial.log"
     clock_path = workdir / "compile_clock.json"
-    for stale in (result_path, log_path, clock_path):
-        stale.unlink(missing_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        for stale in (result_path, log_path, clock_path):
+            stale.unlink(missing_ok=True)
+    except OSError as exc:
+        return TrialOutcome("infra", error=f"cannot prepare the trial's folder {workdir}: {exc.strerror or exc}")
+    if _trial_server_dead():
+        start_trial_server()  # a killed server is started again now, not inside the trial's wall time
     start = time.perf_counter()
     proc = _mp_context().Process(
         target=_child,
@@ -139,6 +172,18 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
         outcome = TrialOutcome.from_dict({**data, "stderr_tail": tail if data["status"] != "ok" else ""})
         return dataclasses.replace(outcome, wall_seconds=wall)
     code = proc.exitcode or 0
+    if code == INFRA_EXIT_CODE:
+        return TrialOutcome("infra", error="the trial process could not write its log or result "
+                            f"(its folder {workdir} vanished or is not writable)", stderr_tail=tail, wall_seconds=wall)
+    if code == 255 and _trial_server_dead(wait=2.0):
+        # The forkserver reports a child's exit; when it dies, every trial it forked reads as code 255.
+        start_trial_server()
+        return TrialOutcome("infra", error="the trial server (forkserver) died during the trial; it was restarted",
+                            stderr_tail=tail, wall_seconds=wall)
+    if spec.memory_limit_gib is not None and any(p in tail for p in ADDRESS_SPACE_PATTERNS + ("Cannot allocate memory",)):
+        return TrialOutcome("oom", error=f"exited with code {code} under --memory-limit {spec.memory_limit_gib:g} GiB "
+                            "(the address-space limit stopped an allocation, a thread or a process)",
+                            stderr_tail=tail, wall_seconds=wall)
     if code < 0:
         name = signal.Signals(-code).name
         return TrialOutcome("crash", error=f"killed by {name}", signal=name, stderr_tail=tail, wall_seconds=wall)

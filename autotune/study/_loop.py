@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import socket
+import sys
 import time
 import warnings
 from typing import Any, Optional
@@ -13,13 +15,17 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import Measurement, TrialConfig, TrialOutcome
-from autotune._records import _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune._records import BATCH_REFERENCE, _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
 from autotune.study._workers import _Heartbeat, _worker_alive, _worker_id
+
+
+INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
 
 
 class TrialLoop:
@@ -58,7 +64,7 @@ class TrialLoop:
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
-        study, ruled_out = self.study, 0
+        study, ruled_out, infra = self.study, 0, 0
         ui.set_best(_best_record(study))
         ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
         while not self.sampler_done:
@@ -74,7 +80,13 @@ class TrialLoop:
             if len(_distinct_configs(study)) >= self.space.size:
                 ui.status("every config of the space has been measured")
                 break
-            if self._run_one(ui) == "infeasible":
+            ended = self._run_one(ui)
+            infra = infra + 1 if ended == "infra" else 0
+            if infra >= INFRA_LIMIT:
+                last = study.trials[-1].user_attrs.get("error", "")
+                raise StudyError(f"{infra} trials in a row failed outside the config ({last}); fix that, then "
+                                 "rerun the same command to resume")
+            if ended == "infeasible":
                 ruled_out += 1
                 if ruled_out >= 200:  # the sampler keeps proposing what cannot fit: nothing left
                     break
@@ -122,6 +134,12 @@ class TrialLoop:
                         if reference_seconds:
                             trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
                 self._tell(trial, config, outcome)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # This worker was paused (SIGSTOP, a frozen VM) past the grace period: another worker failed
+            # the trial as stale and runs its config again, so this result is dropped and the run goes on.
+            print(f"autotune: warning: trial {trial.number} was taken over by another worker while this one "
+                  "was not heartbeating (paused?); its result here is dropped", file=sys.stderr, flush=True)
+            return "taken_over"
         except BaseException:
             if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
                 study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
@@ -199,8 +217,14 @@ class TrialLoop:
 
     def _tell(self, trial: optuna.Trial, config: TrialConfig, outcome: TrialOutcome) -> None:
         study = self.study
+        missing = self._missing_metric(config, outcome)
+        if missing:
+            outcome = dataclasses.replace(outcome, status="error", error=missing)
         trial.set_user_attr("config", config.to_dict())
         trial.set_user_attr("status", outcome.status)
+        if outcome.status == "infra":
+            self._tell_infra(trial, outcome)
+            return
         trial.set_user_attr("wall_seconds", round(outcome.wall_seconds, 3))
         trial.set_user_attr("run_seconds", round(outcome.run_seconds, 3))
         if outcome.status == "pruned" and outcome.measurement is not None:
@@ -244,6 +268,27 @@ class TrialLoop:
         self._finish(trial, [0.0, math.inf])
         if outcome.status == "oom":
             self._record_implied_oom(config, trial.number)
+
+    def _tell_infra(self, trial: optuna.Trial, outcome: TrialOutcome) -> None:
+        """A trial whose surroundings failed: FAIL (no budget spent, nothing for the sampler or a duplicate to
+        reuse), and its config once more, as for a dead worker."""
+        trial.set_user_attr("failure", f"infra: {outcome.error}")
+        trial.set_user_attr("error", outcome.error)
+        trial.set_user_attr("stderr_tail", outcome.stderr_tail[-1500:])
+        self.study.tell(trial, state=TrialState.FAIL)
+        if "retry_of" not in trial.user_attrs and trial.params:
+            self.study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+
+    def _missing_metric(self, config: TrialConfig, outcome: TrialOutcome) -> str:
+        """Why a trial that ran to the end is an error for want of a metric the reference reported ("" if not)."""
+        if not outcome.ok or outcome.measurement is None or outcome.measurement.metric is not None:
+            return ""
+        attrs = self.study.user_attrs
+        reference = attrs.get(f"{BATCH_REFERENCE}{config.global_batch_size}", attrs.get("reference_metric"))
+        if reference is None:
+            return ""
+        return (f"train_fn reported no metric (ctx.report_metric), though the fp32 reference reported "
+                f"{reference:.4g}: its accuracy cannot be checked")
 
     def _record_diagnosis(self, trial: optuna.Trial, state: str) -> None:
         """Store what held this trial back on the trial itself, judged against the study so far (a

@@ -141,8 +141,8 @@ class AccuracyOptions:
             raise ValueError(f"accuracy_reference must be one of {', '.join(ACCURACY_REFERENCES)}")
         if self.reference_repeats < 1:
             raise ValueError("reference_repeats must be at least 1")
-        if self.max_accuracy_loss < 0:
-            raise ValueError("max_accuracy_loss must be >= 0")
+        if not 0 <= self.max_accuracy_loss < float("inf"):  # nan too: it would leave every trial infeasible
+            raise ValueError(f"max_accuracy_loss must be a finite number >= 0, not {self.max_accuracy_loss}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,8 +167,10 @@ class TrialOptions:
     compile_timeout: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.compile_timeout is not None and self.compile_timeout <= 0:
-            raise ValueError("compile_timeout must be positive")
+        if self.compile_timeout is not None and not 0 < self.compile_timeout < float("inf"):
+            raise ValueError("compile_timeout must be positive and finite")
+        if not 0 < self.trial_timeout < float("inf"):
+            raise ValueError(f"trial_timeout must be positive and finite, not {self.trial_timeout}")
 
     @property
     def compile_deadline(self) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +70,16 @@ def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) ->
     """Write ``studies/<study>/best_config.json`` atomically."""
     path = study_dir(study.study_name, studies_dir) / "best_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(dumps(best_config_document(study, result)) + "\n")
-    tmp.replace(path)
+    # A temporary file of its own: two writers (workers finishing together) must not share one name.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".best_config.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # as a plain write would leave it, not mkstemp's 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(dumps(best_config_document(study, result)) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -23,9 +23,23 @@ def default_storage_url(studies_dir: Path = DEFAULT_STUDIES_DIR) -> str:
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 
 
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``, for messages, logs and files."""
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+# Where `autotune tune --workers/--gpus` hands its workers the storage URL: not their argv, which `ps` shows.
+STORAGE_ENV = "AUTOTUNE_STORAGE"
+
+
+def mask_url(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``, for messages, logs and files.
+
+    The user part ends at the last ``@`` before the host (a password may hold ``/``, ``:`` or a raw
+    ``@``), and an empty user name still hides the password; ``password=`` in a query string is masked too.
+    """
+    def userinfo(match: "re.Match[str]") -> str:
+        user, sep, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}{sep and ':***'}@"
+
+    # scheme://USER[:PASSWORD]@ with the password running to the last "@" before whitespace.
+    text = re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s@]*(?:@[^\s@]*)*?)@(?=[^\s@]*$|[^\s@]*\s)", userinfo, text)
+    return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", text)
 
 
 def _enable_sqlite_wal(path: Path) -> None:
@@ -37,7 +51,8 @@ def _enable_sqlite_wal(path: Path) -> None:
 
 
 def open_storage(
-    url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR, *, grace_period: Optional[int] = None
+    url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR, *, grace_period: Optional[int] = None,
+    create: bool = True,
 ) -> tuple[Any, str]:
     """Open an Optuna storage from a URL; ``None`` means ``studies/autotune.db``.
 
@@ -47,11 +62,14 @@ def open_storage(
         grace_period: Keep heartbeats of running trials (RDB storages): a trial without one for this
             many seconds is failed and its config retried once. ``None`` keeps no heartbeats.
 
+        create: Make the file or the tables when missing; read commands pass ``False``, so that reading
+            a study that does not exist creates nothing.
+
     Returns:
         The storage object and its URL with any password masked (for messages and files).
 
     Raises:
-        StudyError: the URL has an unknown scheme or cannot be opened.
+        StudyError: the URL has an unknown scheme or cannot be opened, or (``create=False``) holds no studies.
     """
     url = url or default_storage_url(studies_dir)
     scheme = url.split(":", 1)[0].split("+", 1)[0]
@@ -65,11 +83,15 @@ def open_storage(
             from optuna.storages.journal import JournalFileBackend, JournalStorage
 
             path = Path(url[len("journal:") :])
+            if not create and not path.is_file():
+                raise StudyError(f"no journal file at {path}; run `autotune tune` first")
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path))), url
         engine_kwargs: dict[str, Any] = {}
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///") :])
+            if not create and not path.is_file():
+                raise StudyError(f"no study database at {path}; run `autotune tune` first")
             path.parent.mkdir(parents=True, exist_ok=True)
             _enable_sqlite_wal(path)
             # Wait for a lock instead of failing at once when a dashboard or a second worker writes.
@@ -83,7 +105,12 @@ def open_storage(
                     "grace_period": grace_period,
                     "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
                 }
+            if not create:
+                _require_tables(url, engine_kwargs)
+                options["skip_table_creation"] = True
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
+    except StudyError:
+        raise
     except ImportError as exc:
         raise StudyError(
             f"{mask_url(url)}: a driver is missing ({exc.name}); for PostgreSQL install autotune[postgres]"
@@ -91,6 +118,18 @@ def open_storage(
     except Exception as exc:  # SQLAlchemy raises many types; the user needs one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot open storage {mask_url(url)}: {mask_url(first)}") from None
+
+
+def _require_tables(url: str, engine_kwargs: dict[str, Any]) -> None:
+    """Refuse a database without Optuna's tables, rather than create them there."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, **engine_kwargs)
+    try:
+        if not sqlalchemy.inspect(engine).has_table("studies"):
+            raise StudyError(f"{mask_url(url)} holds no Optuna studies (no 'studies' table); check the URL")
+    finally:
+        engine.dispose()
 
 
 def study_exists(storage: Any, study_name: str) -> bool:

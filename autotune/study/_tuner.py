@@ -7,20 +7,22 @@ itself: every run of ``train_fn`` happens in a trial process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import socket
 import sys
 import time
 import warnings
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import optuna
 
 from autotune import hardware as _hardware
 from autotune._config import Measurement, Result, TrialConfig
-from autotune._errors import SpaceError, StudyError
+from autotune._errors import AutotuneError, SpaceError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
-from autotune._target import target_of
+from autotune._target import target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.search._sampler import GuidedSampler
 from autotune.study._confirm import confirm_long, confirm_top_k
@@ -31,10 +33,18 @@ from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._results import _with_path, write_best_config
 from autotune.study._runner import TrialRunner
-from autotune.study._storage import open_storage, study_exists
-from autotune.study._workers import _device_identity, _worker_id, register_worker
+from autotune.study._storage import mask_url, open_storage, study_exists
+from autotune.study._workers import _device_identity, _worker_alive, _worker_id, register_worker
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
+# Study attributes that bracket its creation: "creating" (who, when) is written first, right after the
+# study row; CREATION_DONE last, after every attribute and trial 0. A study with the first and not the
+# last was left half-made (a full disk, a killed process): it is finished from the current options when
+# it has no trials yet, else refused.
+CREATING = "creating"
+CREATION_DONE = "creation_done"
+CREATION_WAIT_SECONDS = 120.0
+TARGET_DIGEST = "target_sha256"  # of the target's source file when the study was created  # how long a live creator on this host is waited for
 # Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
 # costs minutes on a few cores, so both are tried as moves rather than assumed.
 CPU_PRIORS = {"precision": ("fp32", "bf16"), "compile": ("off", "default")}
@@ -61,6 +71,7 @@ class Tuner:
         self.target = train_fn if isinstance(train_fn, str) else target_of(train_fn)
         self.options = (options or TunerOptions()).with_keywords(**keywords)
         self.study_name = self.options.study.study_name or self.target.rpartition(":")[2]
+        study_dir(self.study_name, self.options.study.studies_dir)  # refuses a name that is no folder name
         self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
         self._compile_plan: Optional[_compile.CompilePlan] = None
         self._baseline_source = ""  # where the baseline came from: the space's YAML, or baseline= (--baseline)
@@ -104,7 +115,17 @@ class Tuner:
         """The study if it exists, after checking that it was made with this space and target."""
         if not study_exists(storage, self.study_name):
             return None
-        self._resumed_trials = len(optuna.load_study(study_name=self.study_name, storage=storage).trials)
+        study = self._wait_for_creation(storage)
+        if not _creation_done(study):
+            measured = [t.number for t in study.trials if t.user_attrs.get("role") != "reference"]
+            if measured:
+                raise StudyError(
+                    f"study {self.study_name!r} was left half-made (its creation was interrupted) and has "
+                    f"{len(measured)} trials since; delete it (optuna delete-study --study-name {self.study_name} "
+                    "--storage URL) or use a new --study name"
+                )
+            return study  # half-made, with no trials: run() finishes it from the current options
+        self._resumed_trials = len(study.trials)
         study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
         old = study.user_attrs.get("space")
         if old is not None and study.user_attrs.get("space_fingerprint") != space.fingerprint:
@@ -118,13 +139,36 @@ class Tuner:
                 f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}; "
                 "use a new --study name"
             )
+        accuracy = self.options.accuracy
+        for key, flag in (("metric_direction", "--metric-direction"), ("max_accuracy_loss", "--max-accuracy-loss")):
+            stored, asked = study.user_attrs.get(key), getattr(accuracy, key)
+            if stored is not None and stored != asked:
+                # One study judged by two rules would mix feasible sets (a loss read as a gain, two bounds).
+                raise StudyError(
+                    f"study {self.study_name!r} was created with {flag} {stored}, not {asked}; resume it with "
+                    f"{flag} {stored} or use a new --study name"
+                )
         return study
+
+    def _warn_if_target_changed(self, study: optuna.Study) -> None:
+        """One warning line when the target's source file differs from the one the study was created with."""
+        stored, now = study.user_attrs.get(TARGET_DIGEST), target_digest(self.target)
+        if stored and now and stored != now:
+            print(f"autotune: warning: {target_file(self.target)} changed since study {self.study_name!r} was "
+                  f"created (sha256 {stored[:12]} -> {now[:12]}): trials before and after measure different "
+                  "code; use a new --study name to compare like with like", file=sys.stderr, flush=True)
 
     def _join(self, storage: Any) -> optuna.Study:
         if not study_exists(storage, self.study_name):
             raise StudyError(
                 f"no study {self.study_name!r} to join; create it with `autotune tune ... --create-only` "
                 "or start the first worker with `autotune tune`"
+            )
+        study = self._wait_for_creation(storage)
+        if not _creation_done(study):
+            raise StudyError(
+                f"study {self.study_name!r} was left half-made (its creation was interrupted); finish it with "
+                "`autotune tune ... --create-only` and the same --study and --storage"
             )
         study = optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
         if "space" not in study.user_attrs:
@@ -151,6 +195,21 @@ class Tuner:
             ),
         )
 
+    def _wait_for_creation(self, storage: Any) -> optuna.Study:
+        """The study, once whoever is creating it has finished (or is found gone).
+
+        A creator on this host is waited for while its process lives; one on another host for
+        ``CREATION_WAIT_SECONDS`` after it began. Returns the study as it then is: complete, or half-made.
+        """
+        deadline = time.monotonic() + CREATION_WAIT_SECONDS
+        while True:
+            study = optuna.load_study(study_name=self.study_name, storage=storage)
+            if _creation_done(study) or not _creator_busy(study.user_attrs.get(CREATING)):
+                return study
+            if time.monotonic() > deadline:
+                return study
+            time.sleep(0.5)
+
     def _create(self, storage: Any, space: _space.SearchSpace, caps: _hardware.Capabilities,
                 reference: dict[str, Any]) -> optuna.Study:
         try:
@@ -161,14 +220,24 @@ class Tuner:
                 sampler=self._sampler(),
             )
         except optuna.exceptions.DuplicatedStudyError:
-            # Another worker created it while this one ran the reference: join it.
-            return optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
+            # Another worker created it while this one ran the reference: join it once it is complete.
+            study = self._wait_for_creation(storage)
+            if _creation_done(study) or study.trials:
+                return optuna.load_study(study_name=self.study_name, storage=storage, sampler=self._sampler())
+        else:
+            study.set_user_attr(CREATING, {"worker": _worker_id(), "started": time.time()})
+        return self._finish_creation(study, space, caps, reference)
+
+    def _finish_creation(self, study: optuna.Study, space: _space.SearchSpace, caps: _hardware.Capabilities,
+                         reference: dict[str, Any]) -> optuna.Study:
+        """Write a new (or half-made, trial-less) study's attributes and trial 0, then mark it done."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)
         accuracy = self.options.accuracy
         attrs = {
             "target": self.target,
+            TARGET_DIGEST: target_digest(self.target),
             "space_name": space.name,
             "baseline_source": self._baseline_source,
             "space": space.to_dict(),
@@ -194,7 +263,12 @@ class Tuner:
         }
         for key, value in attrs.items():
             study.set_user_attr(key, value)
-        self._add_baseline_trial(study, space, reference)
+        if not study.trials:  # a half-made study may have got as far as trial 0
+            self._add_baseline_trial(study, space, reference)
+        blind = self._references.blind_reasons(study)
+        # "reasons" lists every blind part; "blind" is true only when no part can vouch.
+        study.set_user_attr("accuracy_check", {"blind": self._references.is_blind(study), "reasons": blind})
+        study.set_user_attr(CREATION_DONE, True)  # last: a study without it is half-made
         return study
 
     def _plan_compiles(self, space: _space.SearchSpace, reference: dict[str, Any]) -> _space.SearchSpace:
@@ -313,24 +387,22 @@ class Tuner:
                              compile_timeout=opts.trial.compile_deadline)
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
         with _Progress(opts.study.progress, opts.search.n_trials) as ui:
-            if study is None or "reference_metrics" not in study.user_attrs:
+            if study is None or not _creation_done(study):
                 reference = references.baseline(ui)
-                if study is None:
-                    # After the reference: a length in steps is converted at its measured rate, and the
-                    # reference run shows which knobs cannot matter for this model.
-                    space = self._plan_compiles(space, reference)
-                    space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference))
-                    study = self._create(storage, space, caps, reference)
-                    self._show_reference(study, reference, ui)
-                else:
-                    for key, value in reference.items():
-                        study.set_user_attr(key, value)
-                blind = references.blind_reasons(study)
-                # "reasons" lists every blind part; "blind" is true only when no part can vouch.
-                study.set_user_attr("accuracy_check", {"blind": references.is_blind(study), "reasons": blind})
+                # After the reference: a length in steps is converted at its measured rate, and the
+                # reference run shows which knobs cannot matter for this model.
+                space = self._plan_compiles(space, reference)
+                space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference))
+                with _storage_errors(storage_label, self.study_name):
+                    if study is None:
+                        study = self._create(storage, space, caps, reference)
+                    else:
+                        study = self._finish_creation(study, space, caps, reference)
+                self._show_reference(study, reference, ui)
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)
+            self._warn_if_target_changed(study)
             self._warn_if_shared(study, caps)
             start_trial_server()
             TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
@@ -361,6 +433,41 @@ def _activations_4d(reference: dict[str, Any]) -> Optional[bool]:
     """Whether the reference run's model has 4-D activations (None when it did not say)."""
     value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("activations_4d")
     return value if isinstance(value, bool) else None
+
+
+def _creation_done(study: optuna.Study) -> bool:
+    """Whether the study was completely created. Studies made before the marker existed count as
+    complete when they hold the space and the reference (the last attributes those versions wrote)."""
+    attrs = study.user_attrs
+    if attrs.get(CREATION_DONE):
+        return True
+    return CREATING not in attrs and "space" in attrs and "reference_metrics" in attrs
+
+
+def _creator_busy(creating: Any) -> bool:
+    """Whether the process that began creating a study may still be at it."""
+    if not isinstance(creating, dict):
+        return False
+    worker = str(creating.get("worker", ""))
+    if worker.startswith(f"{socket.gethostname()}:"):
+        return _worker_alive(worker)
+    return time.time() - float(creating.get("started", 0.0)) < CREATION_WAIT_SECONDS
+
+
+@contextlib.contextmanager
+def _storage_errors(label: str, study_name: str) -> Iterator[None]:
+    """A storage that fails while a study is being written (a full disk, a lost server): one line."""
+    try:
+        yield
+    except AutotuneError:
+        raise
+    except Exception as exc:  # SQLAlchemy and the journal raise many types
+        cause = getattr(exc, "orig", None) or exc.__cause__ or exc  # Optuna wraps the driver's error
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise StudyError(
+            f"storage {label} failed while study {study_name!r} was being created ({mask_url(first)[:300]}); "
+            "free the space or fix the server, then rerun the same command to finish it"
+        ) from None
 
 
 class _BaselineAsker:

@@ -240,6 +240,11 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         else:
             parts.append(text + ": within" + (f", but {blind}" if blind else ""))
             vouched = vouched or not blind
+    elif reference_metric is not None and metric is None:
+        # The loss alone cannot vouch for a trial whose metric went missing: the code path that skipped
+        # report_metric may be the one that harms it.
+        parts.append(f"no metric was reported, though the fp32 reference reported {reference_metric:.4g}")
+        vouched = False
     if not excesses:
         return Verdict("unchecked", "; ".join(parts + ["no metric was reported: nothing to compare"]), 0.0, -1.0)
     if label == "equivalent" and not vouched:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
@@ -10,7 +11,7 @@ import torch
 
 from autotune.trial import _images, _knobs, _phase
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
-from autotune._errors import KnobError
+from autotune._errors import KnobError, WorkloadError
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
 
@@ -416,7 +417,15 @@ class TrialContext:
         self.metric = value
 
     def record(self, key: str, value: Any) -> None:
-        """Keep a JSON-serialisable value with the trial's measurement (shown in the dashboard)."""
+        """Keep a JSON-serialisable value with the trial's measurement (shown in the dashboard).
+
+        Raises:
+            WorkloadError: ``value`` is not JSON-serialisable.
+        """
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise WorkloadError(f"ctx.record({key!r}, ...): the value is not JSON-serialisable ({exc})") from None
         self.extras[key] = value
 
     def measurement(self) -> Measurement:

@@ -49,12 +49,28 @@ class TrialSpec:
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
 
 
-def classify_exception(exc: BaseException) -> str:
-    """Map an exception raised by a trial to a failure class."""
+# The exit code of a trial process that could not write its log or its result: an infrastructure fault.
+INFRA_EXIT_CODE = 75  # EX_TEMPFAIL
+# What an address-space limit (--memory-limit) breaks besides big allocations: threads and processes.
+ADDRESS_SPACE_PATTERNS = ("can't start new thread", "bad_alloc", "Resource temporarily unavailable")
+
+
+def classify_exception(exc: BaseException, *, memory_limited: bool = False) -> str:
+    """Map an exception raised by a trial to a failure class.
+
+    Args:
+        memory_limited: The trial ran under ``--memory-limit``, whose address-space limit also makes
+            thread and process creation fail: those count as out of memory.
+    """
+    import errno
+
     from autotune.trial._context import NonFiniteLoss
 
     if isinstance(exc, NonFiniteLoss):
         return "nan"
+    if memory_limited and (any(p.lower() in str(exc).lower() for p in ADDRESS_SPACE_PATTERNS)
+                           or (isinstance(exc, OSError) and exc.errno in (errno.ENOMEM, errno.EAGAIN))):
+        return "oom"
     if isinstance(exc, MemoryError):
         return "oom"
     oom_type = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
@@ -131,7 +147,8 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
         return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
         traceback.print_exc()
-        status = "error" if isinstance(exc, WorkloadError) else classify_exception(exc)
+        status = "error" if isinstance(exc, WorkloadError) else classify_exception(
+            exc, memory_limited=spec.memory_limit_gib is not None)
         return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
 
 
@@ -166,7 +183,11 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         # workers would then have to unpickle a dataset defined in a file loaded by path. Give the
         # trial the platform's usual default instead.
         multiprocessing.set_start_method("fork", force=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        print(f"autotune trial: cannot open its log {log_path}: {exc}", file=sys.stderr, flush=True)
+        os._exit(INFRA_EXIT_CODE)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     import faulthandler
@@ -179,9 +200,20 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     if spec.env:
         os.environ.update(spec.env)
     outcome = execute(spec, compile_clock_path)
+    try:
+        text = json.dumps(outcome.to_dict())
+    except (TypeError, ValueError) as exc:  # something the workload handed over is not JSON
+        text = json.dumps(TrialOutcome("error", error=f"the trial's result is not JSON-serialisable: {exc}",
+                                       run_seconds=outcome.run_seconds).to_dict())
     tmp = result_path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(outcome.to_dict(), fh)
-    os.replace(tmp, result_path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, result_path)
+    except OSError as exc:
+        print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INFRA_EXIT_CODE)
     sys.stdout.flush()
     sys.stderr.flush()
