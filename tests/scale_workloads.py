@@ -97,3 +97,10 @@ def loader_worker_hangs(ctx) -> None:
 def train_records_env(ctx) -> None:
     ctx.record("mark", os.environ.get("AUTOTUNE_TEST_MARK"))
     train(ctx)
+
+
+def train_counts_runs(ctx) -> None:
+    """train, first appending "batch seed" to the file AUTOTUNE_TEST_RUNS: a test counts the runs of a config."""
+    with open(os.environ["AUTOTUNE_TEST_RUNS"], "a") as fh:
+        fh.write(f"{ctx.config.batch_size} {ctx.seed}\n")
+    train(ctx)

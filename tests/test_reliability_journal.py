@@ -85,3 +85,52 @@ def test_a_garbled_record_inside_the_journal_is_named(tmp_path):
     assert message is not None and "line 2 (from byte 8)" in message and "the 1 line(s) after it" in message
     journal.write_bytes(b'{"a":1}\n')
     assert find_torn_record(journal) is None
+
+
+# -- 9. concurrent first creation -----------------------------------------------------------------------
+
+def _open_and_create(url, number, barrier, errors):
+    from autotune.study._storage import open_storage
+
+    try:
+        barrier.wait(timeout=60)
+        storage, _ = open_storage(url)
+        optuna.create_study(study_name=f"s{number}", storage=storage)
+    except Exception as exc:  # reported to the test, which names it
+        errors.put(f"{number}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def test_sixteen_concurrent_first_openers_of_a_sqlite_file_all_succeed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    context = multiprocessing.get_context("fork")  # cheap: the test process has imported everything
+    barrier, errors = context.Barrier(16), context.Queue()
+    procs = [context.Process(target=_open_and_create, args=(url, i, barrier, errors)) for i in range(16)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    failed = []
+    while not errors.empty():
+        failed.append(errors.get())
+    assert not failed, f"{len(failed)} of 16 failed: {failed[:3]}"
+    assert all(p.exitcode == 0 for p in procs)
+    assert len(optuna.get_all_study_summaries(url)) == 16
+
+
+def test_concurrent_tunes_of_one_study_run_its_reference_once(space, tmp_path):
+    runs = tmp_path / "runs.txt"
+    url = f"journal:{tmp_path / 'r.journal'}"  # (SQLite's first creation is the test above)
+    command = _cmd("tune", f"{HERE / 'scale_workloads.py'}:train_counts_runs", "--prune-below", "0", "--space",
+                   str(space), "--storage", url, "--study", "s", "--trials", "2", "--studies-dir",
+                   str(tmp_path / "studies"), "--no-progress", "--top-k", "0")
+    env = {**os.environ, "AUTOTUNE_TEST_RUNS": str(runs)}
+    tuners = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    for tuner in tuners:
+        _, err = tuner.communicate(timeout=300)
+        assert tuner.returncode == 0, err
+    baseline_runs = [line for line in runs.read_text().splitlines() if line.split()[0] == "16"]
+    assert baseline_runs and len(baseline_runs) == len(set(baseline_runs)), baseline_runs  # each seed once
+    study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "r.journal"))))
+    assert len([t for t in study.trials if t.user_attrs.get("role") == "reference"]) == 1
