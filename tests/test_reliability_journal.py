@@ -87,6 +87,67 @@ def test_a_garbled_record_inside_the_journal_is_named(tmp_path):
     assert find_torn_record(journal) is None
 
 
+# -- 2. a journal resume after a worker died on another hostname --------------------------------------
+
+# The tuner as if on another host: what it records as its hostname is all that differs (in a container,
+# `unshare --uts` does the same as root; this works anywhere).
+OTHER_HOST = ("import socket, sys; socket.gethostname = lambda: 'other-host'; "
+              "from autotune.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_a_journal_resume_fails_a_dead_trial_of_another_host_by_its_lease(space, tmp_path):
+    marker = tmp_path / "stalled.pid"
+    journal = tmp_path / "h.journal"
+    args = ["tune", STALLS_ONCE, "--prune-below", "0", "--space", str(space), "--storage", f"journal:{journal}",
+            "--study", "s", "--trials", "3", "--studies-dir", str(tmp_path / "studies"), "--no-progress",
+            "--top-k", "0", "--grace-period", "3"]
+    env = {**os.environ, "AUTOTUNE_TEST_STALL_ONCE": str(marker)}
+    tuner = subprocess.Popen([sys.executable, "-c", OTHER_HOST, *args], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while not marker.exists():
+        assert time.time() < deadline and tuner.poll() is None, tuner.communicate()[1]
+        time.sleep(0.3)
+    time.sleep(1.5)  # at least one renewal of the lease
+    tuner.send_signal(signal.SIGKILL)
+    tuner.wait()
+    assert _gone(int(marker.read_text()))
+
+    def journal_study():
+        return optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(journal))))
+
+    running = [t for t in journal_study().trials if t.state == TrialState.RUNNING]
+    assert len(running) == 1 and running[0].user_attrs["worker"].startswith("other-host:")
+    assert "heartbeat" in running[0].user_attrs
+
+    again = subprocess.run(_cmd(*args), env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    study = journal_study()
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert [t.number for t in failed] == [running[0].number]
+    assert "renewed no lease" in failed[0].user_attrs["failure"]
+    retries = [t for t in study.trials if t.user_attrs.get("retry_of") == failed[0].number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert len([t for t in study.trials if t.state == TrialState.COMPLETE]) == 3
+
+
+def test_a_lease_renewed_by_a_skewed_clock_is_not_stale():
+    from types import SimpleNamespace
+
+    from autotune.study._workers import LeaseWatch
+
+    watch = LeaseWatch(SimpleNamespace(lease_grace_period=3, lease_interval=0.2))
+    trial = SimpleNamespace(_trial_id=1, user_attrs={"heartbeat": time.time() - 3600}, datetime_start=None)
+    assert watch.stale_for(trial) is None  # first sight: not yet seen unrenewed
+    for _ in range(4):
+        time.sleep(0.15)
+        trial.user_attrs = {"heartbeat": trial.user_attrs["heartbeat"] + 0.15}  # an hour behind, but renewing
+        assert watch.stale_for(trial) is None
+    time.sleep(0.45)
+    assert watch.stale_for(trial) > 3000  # it stopped renewing
+
+
 # -- 9. concurrent first creation -----------------------------------------------------------------------
 
 def _open_and_create(url, number, barrier, errors):

@@ -19,7 +19,7 @@ from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
-from autotune.study._workers import _Heartbeat, _worker_alive, _worker_id
+from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
 class TrialLoop:
@@ -54,6 +54,7 @@ class TrialLoop:
         self.seed = seed
         self.identity = identity
         self.sampler_done = False
+        self._leases = LeaseWatch(storage) if hasattr(storage, "lease_grace_period") else None
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
@@ -161,7 +162,8 @@ class TrialLoop:
         """Fail RUNNING trials whose worker is gone, and run each such config once more.
 
         A worker on this host is gone when its process no longer exists (a SIGKILLed tuner); workers on
-        other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages).
+        other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages), else by
+        the trial's lease (a journal: ``LeaseWatch``).
         """
         study = self.study
         with warnings.catch_warnings():
@@ -170,10 +172,18 @@ class TrialLoop:
         host = socket.gethostname()
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             worker = trial.user_attrs.get("worker", "")
-            if not worker.startswith(f"{host}:") or _worker_alive(worker):
-                continue
+            if worker.startswith(f"{host}:"):
+                if _worker_alive(worker):
+                    continue
+                why = f"stale: worker {worker} is gone"
+            else:
+                age = self._leases.stale_for(trial) if self._leases is not None else None
+                if age is None:
+                    continue
+                why = (f"stale: worker {worker or '(unknown)'} renewed no lease for {age:.0f}s "
+                       f"(grace period {self._leases.grace:g}s)")
             try:
-                self.storage.set_trial_user_attr(trial._trial_id, "failure", f"stale: worker {worker} is gone")
+                self.storage.set_trial_user_attr(trial._trial_id, "failure", why)
                 self.storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # another process got there first
@@ -182,7 +192,7 @@ class TrialLoop:
 
     def _copy(self, trial: optuna.Trial, old: FrozenTrial) -> None:
         for key, value in old.user_attrs.items():
-            if key not in ("duplicate_of", "retry_of", "worker", "role"):
+            if key not in ("duplicate_of", "retry_of", "worker", "role", LEASE_KEY):
                 trial.set_user_attr(key, value)
         if old.state == TrialState.PRUNED:
             self.study.tell(trial, state=TrialState.PRUNED)
