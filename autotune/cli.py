@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -243,18 +244,38 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
         command += ["--memory-limit", str(args.memory_limit)]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
-    procs = [subprocess.Popen(command, env={**os.environ, **env}) for env in envs]
+    from autotune.study._signals import PARENT_ENV, Interrupted, track_child
+
+    # Their own session: a Ctrl-C in the terminal reaches this process only, which passes it on once.
+    parent = {PARENT_ENV: str(os.getpid())}
+    procs = [subprocess.Popen(command, env={**os.environ, **env, **parent}, start_new_session=True) for env in envs]
+    for p in procs:
+        track_child(p.pid)
     try:
         codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        import signal
+
+        forward = exc.signum if isinstance(exc, Interrupted) else signal.SIGTERM
         for p in procs:
-            p.terminate()
+            if p.poll() is None:
+                p.send_signal(forward)  # each records its running trial as interrupted, then exits
+        deadline = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         raise
     if any(codes):
         print(f"autotune: warning: worker exit codes {codes}", file=sys.stderr)
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from autotune.study._signals import die_with_parent
+
+    die_with_parent()  # started by `autotune tune --workers/--gpus`: never outlive it
     result = _tuner(args, args.target, mode="join").run()
     best = result.best
     print(f"worker done: study {result.study_name}, best so far "
@@ -457,7 +478,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     import optuna
 
+    from autotune.study import _signals
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.command in ("tune", "demo", "worker"):
+        _signals.install()  # Ctrl-C and SIGTERM end the trial and record it; a second one kills at once
     try:
         if args.command == "tune":
             return _tune(args, args.target)
@@ -479,8 +504,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("autotune: interrupted; the study keeps every finished trial, rerun the same command to resume",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        reason = exc.reason if isinstance(exc, _signals.Interrupted) else "KeyboardInterrupt"
+        if not os.environ.get(_signals.PARENT_ENV):  # a worker's parent says it once for all
+            print(f"autotune: interrupted by {reason}; a running trial is recorded as FAIL (interrupted) and "
+                  "the study keeps every finished trial: rerun the same command to resume", file=sys.stderr)
+        return _signals.exit_code(exc)
     raise AssertionError(args.command)

@@ -19,6 +19,7 @@ from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
+from autotune.study._signals import interrupt_reason
 from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
@@ -55,6 +56,8 @@ class TrialLoop:
         self.identity = identity
         self.sampler_done = False
         self._leases = LeaseWatch(storage) if hasattr(storage, "lease_grace_period") else None
+        self._config: Optional[TrialConfig] = None  # the running trial's, for its record if it is interrupted
+        self._outcome: Optional[TrialOutcome] = None
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
@@ -89,10 +92,28 @@ class TrialLoop:
             # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
             warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
             trial = study.ask()
+        # Whatever stops this process from here on (Ctrl-C, SIGTERM, an error) leaves the trial recorded.
+        self._config, self._outcome = None, None
+        try:
+            ended = self._run_asked(trial, ui)
+        except BaseException as exc:
+            self._end_unfinished(trial, self._config, self._outcome or getattr(exc, "finished_outcome", None), exc)
+            raise
+        if ended is not None:
+            return ended
+        ui.end_trial(study.trials[trial.number])
+        ui.set_completed(self.finished_count())
+        ui.set_best(_best_record(study))
+        ui.set_minutes(study)
+        return study.trials[trial.number].user_attrs.get("status", "ok")
+
+    def _run_asked(self, trial: optuna.Trial, ui: _Progress) -> Optional[str]:
+        """The rest of ``_run_one``: how it ended when it ended without a run, else None."""
+        study = self.study
         trial.set_user_attr("worker", _worker_id())
         for key, value in self.identity.items():
             trial.set_user_attr(key, value)
-        config = self.space.sample(trial)
+        config = self._config = self.space.sample(trial)
         surplus = self._surplus_reason(trial)
         if surplus:
             # Another worker took the last place in the budget, or is running this very config.
@@ -106,30 +127,40 @@ class TrialLoop:
             return "infeasible"
         ui.start_trial(trial.number, config)
         duplicate = self._duplicate_of(trial)
-        try:
-            if duplicate is not None:
-                # The sampler proposed a measured config again: reuse it rather than spend a run.
-                trial.set_user_attr("duplicate_of", duplicate.number)
-                self._copy(trial, duplicate)
-            else:
-                with _Heartbeat(self.storage, trial._trial_id):
-                    outcome = self.runner.run(config, f"trial-{trial.number}", seed=self.seed,
-                                              prune_below=self._prune_threshold())
-                    if outcome.ok:
-                        # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
-                        reference_seconds = self.references.at_batch(study, config, ui)
-                        if reference_seconds:
-                            trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
-                self._tell(trial, config, outcome)
-        except BaseException:
-            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-                study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
-            raise
-        ui.end_trial(study.trials[trial.number])
-        ui.set_completed(self.finished_count())
-        ui.set_best(_best_record(study))
-        ui.set_minutes(study)
-        return study.trials[trial.number].user_attrs.get("status", "ok")
+        if duplicate is not None:
+            # The sampler proposed a measured config again: reuse it rather than spend a run.
+            trial.set_user_attr("duplicate_of", duplicate.number)
+            self._copy(trial, duplicate)
+            return None
+        with _Heartbeat(self.storage, trial._trial_id):
+            outcome = self._outcome = self.runner.run(config, f"trial-{trial.number}", seed=self.seed,
+                                                      prune_below=self._prune_threshold())
+            if outcome.ok:
+                # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
+                reference_seconds = self.references.at_batch(study, config, ui)
+                if reference_seconds:
+                    trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
+        self._tell(trial, config, outcome)
+        return None
+
+    def _end_unfinished(self, trial: optuna.Trial, config: Optional[TrialConfig], finished: Optional[TrialOutcome],
+                        exc: BaseException) -> None:
+        """Never leave a trial RUNNING: record the result of a run that had finished, else FAIL with why
+        (``interrupted: SIGINT (Ctrl-C)``, ``interrupted: SIGTERM``, ``aborted: ...``)."""
+        def running() -> bool:
+            return self.study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+
+        if not running():
+            return
+        if finished is not None and config is not None:
+            try:
+                self._tell(trial, config, finished)
+            except Exception as err:  # the reason it is not kept goes with the FAIL below
+                warnings.warn(f"trial {trial.number}: its finished result was not recorded: {err}", stacklevel=2)
+            if not running():
+                return
+        trial.set_user_attr("failure", interrupt_reason(exc))
+        self.study.tell(trial, state=TrialState.FAIL)
 
     def _prune_threshold(self) -> Optional[float]:
         if not self.prune_below:
