@@ -335,7 +335,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str) -> N
     from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
-    console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {url})")
+    # optuna-dashboard takes a journal file by its path (it guesses the storage from the file).
+    direct = url[len("journal:"):] if url.startswith("journal:") else url
+    console.print(f"Review it: autotune dashboard --storage {url}   (or: optuna-dashboard {direct})")
 
 
 def _say_accuracy(say: Any, result: Any) -> None:
@@ -458,7 +460,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     url = args.storage or default_storage_url(Path(args.studies_dir))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
-    open_storage(url, Path(args.studies_dir))  # refuses unknown schemes and unreachable servers in one line
+    storage, _ = open_storage(url, Path(args.studies_dir))  # refuses unknown schemes and unreachable servers in one line
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if args.host in ("0.0.0.0", "::"):
@@ -467,10 +469,43 @@ def _dashboard(args: argparse.Namespace) -> int:
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
+    if url.startswith("journal:"):
+        # optuna-dashboard cannot guess a storage from "journal:PATH": give it the storage object, which
+        # also refuses a torn journal and never appends after one (the dashboard writes notes).
+        return _serve_dashboard(storage, args.host, args.port, artifacts)
     command = [sys.executable, "-c", "from optuna_dashboard._cli import main; main()", url,
                "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts)]
     sys.stdout.flush()
     os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
+    return 0
+
+
+def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path) -> int:
+    """Serve optuna-dashboard for a storage object in this process, a thread per request, until Ctrl-C."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from optuna.artifacts import FileSystemArtifactStore
+    from optuna_dashboard import wsgi
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            pass
+
+    app = wsgi(storage, artifact_store=FileSystemArtifactStore(str(artifacts)))
+    try:
+        httpd = make_server(host, port, app, server_class=Server, handler_class=Quiet)
+    except OSError as exc:
+        raise AutotuneError(f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
     return 0
 
 

@@ -37,6 +37,7 @@ def test_a_torn_journal_tail_stops_in_one_line_and_is_never_written_after(space,
     studies = tmp_path / "studies"
     first = _tune(space, f"journal:{journal}", studies, trials=2)
     assert first.returncode == 0, first.stderr
+    assert f"(or: optuna-dashboard {journal})" in first.stdout  # the hint (10.) names what the dashboard reads
     size = journal.stat().st_size
     os.truncate(journal, size - 200)  # a crash or a full disk cut the last record
     damaged = journal.read_bytes()
@@ -195,3 +196,40 @@ def test_concurrent_tunes_of_one_study_run_its_reference_once(space, tmp_path):
     study = optuna.load_study(study_name="s", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "r.journal"))))
     assert len([t for t in study.trials if t.user_attrs.get("role") == "reference"]) == 1
+
+
+# -- 10. the dashboard on a journal -----------------------------------------------------------------------
+
+def _port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _studies_served(command, port):
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
+                    return [s["study_name"] for s in json.loads(response.read())["study_summaries"]]
+            except OSError:
+                time.sleep(0.3)  # still starting
+        raise AssertionError(server.communicate(timeout=10)[0] if server.poll() is not None else "no answer")
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+
+
+def test_the_dashboard_and_its_printed_hint_open_a_journal(tmp_path):
+    pytest.importorskip("optuna_dashboard")
+    journal = tmp_path / "d.journal"
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    optuna.create_study(study_name="journal-study", storage=storage).optimize(lambda t: t.suggest_float("x", 0, 1), 2)
+    port = _port()
+    assert _studies_served(_cmd("dashboard", "--storage", f"journal:{journal}", "--port", str(port),
+                                "--studies-dir", str(tmp_path)), port) == ["journal-study"]
+    port = _port()  # the hint: optuna-dashboard itself, given the file's path
+    hint = [sys.executable, "-c", "from optuna_dashboard._cli import main; main()", str(journal), "--port", str(port)]
+    assert _studies_served(hint, port) == ["journal-study"]
