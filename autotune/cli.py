@@ -460,7 +460,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     url = args.storage or default_storage_url(Path(args.studies_dir))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
-    storage, _ = open_storage(url, Path(args.studies_dir))  # refuses unknown schemes and unreachable servers in one line
+    # Refuses unknown schemes, unreachable servers and torn journals in one line.
+    storage, _ = open_storage(url, Path(args.studies_dir))
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if args.host in ("0.0.0.0", "::"):
@@ -516,8 +517,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from autotune.study import _signals
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    restore = None
     if args.command in ("tune", "demo", "worker"):
-        _signals.install()  # Ctrl-C and SIGTERM end the trial and record it; a second one kills at once
+        restore = _signals.install()  # Ctrl-C and SIGTERM end the trial and record it; a second one kills at once
+        if argv is None:
+            restore = None  # the process's own entry point: keep them through exit, when a Ctrl-C may still come
     try:
         if args.command == "tune":
             return _tune(args, args.target)
@@ -542,7 +546,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt as exc:
         reason = exc.reason if isinstance(exc, _signals.Interrupted) else "KeyboardInterrupt"
         if not os.environ.get(_signals.PARENT_ENV):  # a worker's parent says it once for all
-            print(f"autotune: interrupted by {reason}; a running trial is recorded as FAIL (interrupted) and "
-                  "the study keeps every finished trial: rerun the same command to resume", file=sys.stderr)
+            print(f"autotune: interrupted by {reason}; a trial that had not finished is recorded as FAIL "
+                  "(interrupted) and the study keeps every finished one: rerun the same command to resume",
+                  file=sys.stderr)
         return _signals.exit_code(exc)
+    finally:
+        if restore is not None:
+            restore()
     raise AssertionError(args.command)

@@ -142,7 +142,10 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
         proc.join(5)
         untrack_group(proc.pid)
         finished = _result(result_path, _tail(log_path), time.perf_counter() - start)
-        exc.finished_outcome = finished  # type: ignore[attr-defined]
+        try:
+            exc.finished_outcome = finished  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type that takes no attributes: the result is lost with it
+            pass
         raise
     timed_out = proc.is_alive()
     _kill_group(proc.pid)  # on a deadline, and to reap anything a finished trial left behind

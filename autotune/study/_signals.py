@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _GROUPS: set[int] = set()  # process groups of the trials running now
 _CHILDREN: set[int] = set()  # worker processes started by this one
@@ -83,10 +83,20 @@ def _handler(signum: int, frame: Any) -> None:
     os._exit(128 + _FIRST[0])
 
 
-def install() -> None:
-    """Handle SIGINT and SIGTERM as described in the module docstring (main thread only)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _handler)
+def install() -> Callable[[], None]:
+    """Handle SIGINT and SIGTERM as described in the module docstring (main thread only).
+
+    Returns:
+        A function that puts the previous handlers back (for a caller that runs the CLI in-process).
+    """
+    previous = {signum: signal.signal(signum, _handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _FIRST.clear()
+
+    return restore
 
 
 def exit_code(exc: BaseException) -> int:

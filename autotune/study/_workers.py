@@ -48,7 +48,8 @@ class _Heartbeat:
         if self.lease:
             self.interval: Optional[float] = storage.lease_interval
         else:
-            self.interval = getattr(storage, "heartbeat_interval", None) if hasattr(storage, "record_heartbeat") else None
+            keeps = hasattr(storage, "record_heartbeat")
+            self.interval = getattr(storage, "heartbeat_interval", None) if keeps else None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
