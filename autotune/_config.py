@@ -114,6 +114,10 @@ class TrialConfig:
             parts.append(f"workers={self.num_workers}")
             if self.pin_memory:
                 parts.append("pinned")
+            if self.num_workers > 0 and self.prefetch_factor != 2:  # 2 is the DataLoader's default
+                parts.append(f"prefetch={self.prefetch_factor}")
+            if self.num_workers > 0 and self.persistent_workers:
+                parts.append("persistent")
         if self.memory_fraction < 1.0:
             parts.append(f"memfrac={self.memory_fraction:g}")
         if self.cpu_threads is not None:

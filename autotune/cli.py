@@ -360,6 +360,9 @@ def _say_accuracy(say: Any, result: Any) -> None:
     if check.get("blind"):
         say("[yellow]The accuracy check is blind here, so its verdict is not a pass: "
             + "; ".join(check.get("reasons") or []) + ".[/yellow]")
+    elif check.get("reasons"):
+        say("[yellow]Part of the accuracy check is blind, so the verdict rests on the other part: "
+            + "; ".join(check["reasons"]) + ".[/yellow]")
 
 
 def _best(args: argparse.Namespace) -> int:

@@ -148,6 +148,8 @@ def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
     assert f"Batch policy fixed: global batch 128 = micro-batch {policy['micro_batch']}" in proc.stdout
     assert doc["accuracy_verdict"] in ("equivalent", "unchecked") and f"Accuracy verdict: {doc['accuracy_verdict']}" in proc.stdout
     assert ("The accuracy check is blind here" in proc.stdout) == bool(doc["accuracy_check"]["blind"])
+    partly = bool(doc["accuracy_check"]["reasons"]) and not doc["accuracy_check"]["blind"]
+    assert ("Part of the accuracy check is blind" in proc.stdout) == partly
 
 
 def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path: Path) -> None:

@@ -53,6 +53,11 @@ def test_config_describe_names_what_differs_from_the_defaults() -> None:
         num_workers=4, pin_memory=True, memory_fraction=0.5, cpu_threads=2,
     ).describe()
     assert described == "bf16 bs256 channels_last compile=default graphs workers=4 pinned memfrac=0.5 threads=2"
+    # Loader configs that differ only in prefetch or persistence must not read alike; without workers
+    # those knobs do nothing and are not named.
+    loader = TrialConfig(num_workers=8, prefetch_factor=4, persistent_workers=True).describe()
+    assert loader == "fp32 bs64 workers=8 prefetch=4 persistent"
+    assert TrialConfig(prefetch_factor=4, persistent_workers=True).describe() == "fp32 bs64 workers=0"
 
 
 @pytest.mark.parametrize("fields", [dict(samples=0), dict(warmup_steps=-1), dict(windows=2)])

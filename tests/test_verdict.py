@@ -93,6 +93,20 @@ def test_a_reference_that_did_not_learn_or_whose_seeds_disagree_is_blind() -> No
     assert ReferenceBand().blind_reasons(0.01) == ["the workload records no training loss and reports no metric"]
 
 
+def test_the_check_is_blind_only_when_no_part_can_vouch() -> None:
+    # A metric whose seeds disagree beyond the bound, with a loss that fell cleanly: the loss vouches.
+    noisy_metric = ReferenceBand(firsts=(2.3, 2.3), finals=(0.5, 0.51), metrics=(0.94, 1.0))
+    assert noisy_metric.blind_reasons(0.01) and not noisy_metric.is_blind(0.01)
+    # The same metric without losses: nothing vouches.
+    assert ReferenceBand(metrics=(0.94, 1.0)).is_blind(0.01)
+    # A loss that barely fell, with a tight metric: the metric vouches.
+    flat_loss = ReferenceBand(firsts=(2.30, 2.31), finals=(2.29, 2.30), metrics=(0.90, 0.901))
+    assert flat_loss.blind_reasons(0.01) and not flat_loss.is_blind(0.01)
+    # Both parts blind, or nothing recorded at all.
+    assert ReferenceBand(firsts=(2.30, 2.31), finals=(2.29, 2.30), metrics=(0.9, 1.0)).is_blind(0.01)
+    assert ReferenceBand().is_blind(0.01)
+
+
 BUDGET = Budget(samples=6144, warmup_steps=2, windows=3)
 GLOBAL = 64
 

@@ -140,6 +140,10 @@ class References:
         """Why the study's accuracy check cannot see harm, if it cannot (from the baseline's references)."""
         return _stored_band(study.user_attrs).blind_reasons(self.options.max_accuracy_loss)
 
+    def is_blind(self, study: optuna.Study) -> bool:
+        """True when no part of the study's accuracy check can vouch for a config."""
+        return _stored_band(study.user_attrs).is_blind(self.options.max_accuracy_loss)
+
 
 def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[float], metric: Optional[float], *,
                  baseline_global_batch: int, max_accuracy_loss: float, metric_direction: str) -> Verdict:

@@ -281,7 +281,9 @@ class Tuner:
                             for key, value in reference.items():
                                 study.set_user_attr(key, value)
                         blind = references.blind_reasons(study)
-                        study.set_user_attr("accuracy_check", {"blind": bool(blind), "reasons": blind})
+                        # "reasons" lists every blind part; "blind" is true only when no part can vouch.
+                        study.set_user_attr("accuracy_check",
+                                            {"blind": references.is_blind(study), "reasons": blind})
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)

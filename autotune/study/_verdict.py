@@ -134,6 +134,15 @@ class ReferenceBand:
             reasons.append("the workload records no training loss and reports no metric")
         return reasons
 
+    def is_blind(self, max_accuracy_loss: float) -> bool:
+        """True when no part of the check can vouch: each part is absent or blind.
+
+        One blind part (say, a metric whose seed spread exceeds the bound) leaves the verdict to the other.
+        """
+        loss_vouches = self.has_losses and self.loss_blind_reason() is None
+        metric_vouches = bool(self.metric_values) and self.metric_blind_reason(max_accuracy_loss) is None
+        return not (loss_vouches or metric_vouches)
+
     def to_dict(self) -> dict[str, Any]:
         return {"firsts": list(self.firsts), "finals": list(self.finals), "metrics": list(self.metrics)}
 
