@@ -28,6 +28,16 @@ def _start(space, tmp_path, target, env, *extra, trials=3):
     return proc, url
 
 
+def _communicate(proc, timeout):
+    """The tuner's output; on a timeout its whole group is killed first, so a failing test leaves nothing."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+
+
 def _wait_for(path, proc, seconds=180):
     deadline = time.time() + seconds
     while not path.exists() or not path.read_text().strip():
@@ -46,7 +56,7 @@ def test_a_signal_ends_a_hung_trial_within_seconds_and_records_it(space, tmp_pat
         os.killpg(proc.pid, signum)  # the whole foreground group, as a terminal sends it
     else:
         proc.send_signal(signum)  # the tuner alone, as a scheduler or `kill` sends it
-    out, err = proc.communicate(timeout=60)
+    out, err = _communicate(proc, 60)
     assert time.monotonic() - sent < 15, "the tuner waited for the hung trial"
     assert proc.returncode == code, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -64,7 +74,7 @@ def test_ctrl_c_keeps_the_result_of_a_trial_that_had_finished(space, tmp_path):
     proc, url = _start(space, tmp_path, "train_finishes_then_lingers", {"AUTOTUNE_TEST_LINGER_ONCE": str(marker)})
     trial_pid = _wait_for(marker, proc)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = _communicate(proc, 60)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert _gone(trial_pid, wait=5)
     study = optuna.load_study(study_name="s", storage=url)
@@ -81,7 +91,7 @@ def test_a_second_ctrl_c_kills_at_once_without_a_traceback(space, tmp_path):
     while proc.poll() is None and time.monotonic() - sent < 30:  # Ctrl-C, again and again
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.02)
-    out, err = proc.communicate(timeout=30)
+    out, err = _communicate(proc, 30)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert _gone(trial_pid, wait=5)
@@ -114,15 +124,17 @@ def test_workers_die_with_a_sigkilled_parent_and_record_their_trials(space, tmp_
             optuna.storages.journal.JournalFileBackend(str(journal))))
 
     deadline = time.time() + 240
-    while True:  # until a worker runs a trial
-        assert time.time() < deadline and proc.poll() is None, proc.communicate()[1]
-        workers = _children(proc.pid)
-        if len(workers) == 2 and journal.exists() and any(
-                t.state == TrialState.RUNNING for t in study().trials):
-            break
-        time.sleep(0.5)
-    proc.kill()
-    proc.wait()
+    try:
+        while True:  # until a worker runs a trial
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()[1]
+            workers = _children(proc.pid)
+            if len(workers) == 2 and journal.exists() and any(
+                    t.state == TrialState.RUNNING for t in study().trials):
+                break
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        proc.wait()
     for pid in workers:
         assert _gone(pid, wait=20), f"worker {pid} outlived its SIGKILLed parent"
     trials = study().trials
