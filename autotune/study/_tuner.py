@@ -314,7 +314,8 @@ class Tuner:
         def waiting() -> None:
             ui.status("waiting for another process to run this study's reference")
 
-        with file_lock(runner.logdir / "reference.lock", on_wait=waiting) as locked:
+        # Beside logs/, not in it: logs/ holds one folder per run.
+        with file_lock(runner.logdir.parent / ".reference.lock", on_wait=waiting) as locked:
             yield locked
 
     def _warn_if_shared(self, study: optuna.Study, caps: _hardware.Capabilities) -> None:
