@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -288,12 +289,30 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
         command += ["--memory-limit", str(args.memory_limit)]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
-    procs = [subprocess.Popen(command, env={**os.environ, **env, STORAGE_ENV: storage}) for env in envs]
+    from autotune.study._signals import PARENT_ENV, Interrupted, track_child
+
+    # Their own session: a Ctrl-C in the terminal reaches this process only, which passes it on once.
+    parent = {PARENT_ENV: str(os.getpid())}
+    procs = [subprocess.Popen(command, env={**os.environ, **env, STORAGE_ENV: storage, **parent},
+                              start_new_session=True) for env in envs]
+    for p in procs:
+        track_child(p.pid)
     try:
         codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        import signal
+
+        forward = exc.signum if isinstance(exc, Interrupted) else signal.SIGTERM
         for p in procs:
-            p.terminate()
+            if p.poll() is None:
+                p.send_signal(forward)  # each records its running trial as interrupted, then exits
+        deadline = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         raise
     if any(codes):
         print(f"autotune: warning: worker exit codes {codes}", file=sys.stderr)
@@ -305,6 +324,10 @@ def _worker(args: argparse.Namespace) -> int:
     args.storage = args.storage or os.environ.get(STORAGE_ENV)
     if not args.storage:
         raise AutotuneError(f"autotune worker needs --storage URL (or the {STORAGE_ENV} environment variable)")
+
+    from autotune.study._signals import die_with_parent
+
+    die_with_parent()  # started by `autotune tune --workers/--gpus`: never outlive it
     result = _tuner(args, args.target, mode="join").run()
     best = result.best
     print(f"worker done: study {result.study_name}, best so far "
@@ -372,9 +395,11 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
     from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
-    console.print(f"Review it: autotune dashboard --storage {escape(url)}   (plain optuna-dashboard {escape(url)} does not "
-                  "read the accuracy bound: it calls the Pareto front of all trials, infeasible ones included, best)",
-                  soft_wrap=True)
+    # optuna-dashboard takes a journal file by its path (it guesses the storage from the file).
+    direct = url[len("journal:"):] if url.startswith("journal:") else url
+    console.print(f"Review it: autotune dashboard --storage {escape(url)}   (plain optuna-dashboard {escape(direct)} "
+                  "does not read the accuracy bound: it calls the Pareto front of all trials, infeasible ones "
+                  "included, best)", soft_wrap=True)
 
 
 def _say_accuracy(say: Any, result: Any) -> None:
@@ -504,7 +529,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     url = args.storage or default_storage_url(Path(args.studies_dir))
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
-    open_storage(url, Path(args.studies_dir), create=False)  # unknown schemes, unreachable servers: one line
+    # Refuses unknown schemes, unreachable servers and torn journals in one line; creates nothing.
+    storage, _ = open_storage(url, Path(args.studies_dir), create=False)
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if args.host in ("0.0.0.0", "::"):
@@ -520,6 +546,10 @@ def _dashboard(args: argparse.Namespace) -> int:
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
+    if url.startswith("journal:"):
+        # optuna-dashboard cannot guess a storage from "journal:PATH": give it the storage object, which
+        # also refuses a torn journal and never appends after one (the dashboard writes notes).
+        return _serve_dashboard(storage, args.host, args.port, artifacts)
     # optuna-dashboard's own server, told the study's constraints and autotune's best (study/_dashboard).
     command = [sys.executable, "-c", "from autotune.study._dashboard import main; main()", url,
                "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts),
@@ -529,11 +559,47 @@ def _dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path) -> int:
+    """Serve optuna-dashboard for a storage object in this process, a thread per request, until Ctrl-C."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from optuna.artifacts import FileSystemArtifactStore
+    from optuna_dashboard import wsgi
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            pass
+
+    app = wsgi(storage, artifact_store=FileSystemArtifactStore(str(artifacts)))
+    try:
+        httpd = make_server(host, port, app, server_class=Server, handler_class=Quiet)
+    except OSError as exc:
+        raise AutotuneError(f"cannot serve the dashboard on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     import optuna
 
+    from autotune.study import _signals
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    restore = None
+    if args.command in ("tune", "demo", "worker"):
+        restore = _signals.install()  # Ctrl-C and SIGTERM end the trial and record it; a second one kills at once
+        if argv is None:
+            restore = None  # the process's own entry point: keep them through exit, when a Ctrl-C may still come
     try:
         if args.command == "tune":
             return _tune(args, args.target)
@@ -559,8 +625,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("autotune: interrupted; the study keeps every finished trial, rerun the same command to resume",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        reason = exc.reason if isinstance(exc, _signals.Interrupted) else "KeyboardInterrupt"
+        if not os.environ.get(_signals.PARENT_ENV):  # a worker's parent says it once for all
+            print(f"autotune: interrupted by {reason}; a trial that had not finished is recorded as FAIL "
+                  "(interrupted) and the study keeps every finished one: rerun the same command to resume",
+                  file=sys.stderr)
+        return _signals.exit_code(exc)
+    finally:
+        if restore is not None:
+            restore()
     raise AssertionError(args.command)

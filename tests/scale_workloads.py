@@ -155,3 +155,27 @@ def starts_threads(ctx) -> None:
     for t in threads:
         t.join()
     train(ctx)
+
+
+def train_counts_runs(ctx) -> None:
+    """train, first appending "batch seed" to the file AUTOTUNE_TEST_RUNS: a test counts the runs of a config."""
+    with open(os.environ["AUTOTUNE_TEST_RUNS"], "a") as fh:
+        fh.write(f"{ctx.config.batch_size} {ctx.seed}\n")
+    train(ctx)
+
+
+def train_finishes_then_lingers(ctx) -> None:
+    """Once (a marker file remembers), in a non-baseline trial: finish, then keep the process alive, so the
+    trial has written its result when a test interrupts the tuner."""
+    train(ctx)
+    marker = os.environ.get("AUTOTUNE_TEST_LINGER_ONCE")
+    if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
+        import threading
+
+        def linger() -> None:
+            time.sleep(1.0)  # by now the trial process has written its result
+            with open(marker, "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+            time.sleep(3600)
+
+        threading.Thread(target=linger).start()  # not a daemon: the process waits for it at exit

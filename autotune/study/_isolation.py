@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from autotune._config import TrialOutcome
+from autotune.study._signals import track_group, untrack_group
 from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
 
@@ -109,6 +110,16 @@ def _kill_group(pid: int) -> None:
             pass
 
 
+def _result(result_path: Path, tail: str, wall: float) -> Optional[TrialOutcome]:
+    """The outcome the trial wrote (atomically, by rename), or None when it wrote none."""
+    try:
+        data = json.loads(result_path.read_text())
+    except (OSError, ValueError):
+        return None
+    outcome = TrialOutcome.from_dict({**data, "stderr_tail": tail if data["status"] != "ok" else ""})
+    return dataclasses.replace(outcome, wall_seconds=wall)
+
+
 def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
                  compile_timeout: Optional[float] = None) -> TrialOutcome:
     """Run one trial in a fresh process under a wall-clock limit, and its compiles under their own.
@@ -139,25 +150,40 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
     )
     proc.start()
     assert proc.pid is not None
+    track_group(proc.pid)  # a second Ctrl-C kills it at once
     watch_compile = compile_timeout is not None and spec.config.compile != "off"
     compile_over: Optional[tuple[str, float]] = None
-    if watch_compile:
-        assert compile_timeout is not None
-        while compile_over is None:
-            left = timeout - (time.perf_counter() - start)
-            if left <= 0:
-                break
-            proc.join(min(COMPILE_POLL_SECONDS, left))
-            if not proc.is_alive():
-                break
-            mode, seconds = read_compile_seconds(str(clock_path))
-            if seconds > compile_timeout:
-                compile_over = (mode or spec.config.compile, seconds)
-    else:
-        proc.join(timeout)
+    try:
+        if watch_compile:
+            assert compile_timeout is not None
+            while compile_over is None:
+                left = timeout - (time.perf_counter() - start)
+                if left <= 0:
+                    break
+                proc.join(min(COMPILE_POLL_SECONDS, left))
+                if not proc.is_alive():
+                    break
+                mode, seconds = read_compile_seconds(str(clock_path))
+                if seconds > compile_timeout:
+                    compile_over = (mode or spec.config.compile, seconds)
+        else:
+            proc.join(timeout)
+    except BaseException as exc:
+        # Ctrl-C or SIGTERM: end the trial now (multiprocessing would otherwise join it at exit), and
+        # hand on its result if it had already written one.
+        _kill_group(proc.pid)
+        proc.join(5)
+        untrack_group(proc.pid)
+        finished = _result(result_path, _tail(log_path), time.perf_counter() - start)
+        try:
+            exc.finished_outcome = finished  # type: ignore[attr-defined]
+        except AttributeError:  # an exception type that takes no attributes: the result is lost with it
+            pass
+        raise
     timed_out = proc.is_alive()
     _kill_group(proc.pid)  # on a deadline, and to reap anything a finished trial left behind
     proc.join()
+    untrack_group(proc.pid)
     wall = time.perf_counter() - start
     tail = _tail(log_path)
     if compile_over is not None:
@@ -167,10 +193,9 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
                                   f"(compile timeout {compile_timeout:g}s)")
     if timed_out:
         return TrialOutcome("timeout", error=f"no result within {timeout:.0f}s", stderr_tail=tail, wall_seconds=wall)
-    if result_path.exists():
-        data = json.loads(result_path.read_text())
-        outcome = TrialOutcome.from_dict({**data, "stderr_tail": tail if data["status"] != "ok" else ""})
-        return dataclasses.replace(outcome, wall_seconds=wall)
+    outcome = _result(result_path, tail, wall)
+    if outcome is not None:
+        return outcome
     code = proc.exitcode or 0
     if code == INFRA_EXIT_CODE:
         return TrialOutcome("infra", error="the trial process could not write its log or result "

@@ -22,7 +22,8 @@ from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
-from autotune.study._workers import _Heartbeat, _worker_alive, _worker_id
+from autotune.study._signals import interrupt_reason
+from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
 INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
@@ -61,6 +62,9 @@ class TrialLoop:
         self.identity = identity
         self.sampler_done = False
         self._implied = 0  # configs the last out-of-memory ruled out (_record_implied_oom), to report
+        self._leases = LeaseWatch(storage) if hasattr(storage, "lease_grace_period") else None
+        self._config: Optional[TrialConfig] = None  # the running trial's, for its record if it is interrupted
+        self._outcome: Optional[TrialOutcome] = None
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
@@ -101,10 +105,38 @@ class TrialLoop:
             # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
             warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
             trial = study.ask()
+        # Whatever stops this process from here on (Ctrl-C, SIGTERM, an error) leaves the trial recorded.
+        self._config, self._outcome = None, None
+        try:
+            ended = self._run_asked(trial, ui)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # This worker was paused (SIGSTOP, a frozen VM) past the grace period: another worker failed
+            # the trial as stale and runs its config again, so this result is dropped and the run goes on.
+            print(f"autotune: warning: trial {trial.number} was taken over by another worker while this one "
+                  "was not heartbeating (paused?); its result here is dropped", file=sys.stderr, flush=True)
+            return "taken_over"
+        except BaseException as exc:
+            self._end_unfinished(trial, self._config, self._outcome or getattr(exc, "finished_outcome", None), exc)
+            raise
+        if ended is not None:
+            return ended
+        ui.end_trial(study.trials[trial.number])
+        if self._implied:
+            ui.say(f"  memory rule: {self._implied} config{'s' if self._implied != 1 else ''} that need more memory "
+                   f"than #{trial.number} recorded as pruned, not run")
+            self._implied = 0
+        ui.set_completed(self.finished_count())
+        ui.set_best(_best_record(study))
+        ui.set_minutes(study)
+        return study.trials[trial.number].user_attrs.get("status", "ok")
+
+    def _run_asked(self, trial: optuna.Trial, ui: _Progress) -> Optional[str]:
+        """The rest of ``_run_one``: how it ended when it ended without a run, else None."""
+        study = self.study
         trial.set_user_attr("worker", _worker_id())
         for key, value in self.identity.items():
             trial.set_user_attr(key, value)
-        config = self.space.sample(trial)
+        config = self._config = self.space.sample(trial)
         surplus = self._surplus_reason(trial)
         if surplus:
             # Another worker took the last place in the budget, or is running this very config.
@@ -119,40 +151,40 @@ class TrialLoop:
             return "infeasible"
         ui.start_trial(trial.number, config)
         duplicate = self._duplicate_of(trial)
-        try:
-            if duplicate is not None:
-                # The sampler proposed a measured config again: reuse it rather than spend a run.
-                trial.set_user_attr("duplicate_of", duplicate.number)
-                self._copy(trial, duplicate)
-            else:
-                with _Heartbeat(self.storage, trial._trial_id):
-                    outcome = self.runner.run(config, f"trial-{trial.number}", seed=self.seed,
-                                              prune_below=self._prune_threshold())
-                    if outcome.ok:
-                        # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
-                        reference_seconds = self.references.at_batch(study, config, ui)
-                        if reference_seconds:
-                            trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
-                self._tell(trial, config, outcome)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # This worker was paused (SIGSTOP, a frozen VM) past the grace period: another worker failed
-            # the trial as stale and runs its config again, so this result is dropped and the run goes on.
-            print(f"autotune: warning: trial {trial.number} was taken over by another worker while this one "
-                  "was not heartbeating (paused?); its result here is dropped", file=sys.stderr, flush=True)
-            return "taken_over"
-        except BaseException:
-            if study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING:
-                study.tell(trial, state=TrialState.FAIL)  # never leave a trial RUNNING
-            raise
-        ui.end_trial(study.trials[trial.number])
-        if self._implied:
-            ui.say(f"  memory rule: {self._implied} config{'s' if self._implied != 1 else ''} that need more memory "
-                   f"than #{trial.number} recorded as pruned, not run")
-            self._implied = 0
-        ui.set_completed(self.finished_count())
-        ui.set_best(_best_record(study))
-        ui.set_minutes(study)
-        return study.trials[trial.number].user_attrs.get("status", "ok")
+        if duplicate is not None:
+            # The sampler proposed a measured config again: reuse it rather than spend a run.
+            trial.set_user_attr("duplicate_of", duplicate.number)
+            self._copy(trial, duplicate)
+            return None
+        with _Heartbeat(self.storage, trial._trial_id):
+            outcome = self._outcome = self.runner.run(config, f"trial-{trial.number}", seed=self.seed,
+                                                      prune_below=self._prune_threshold())
+            if outcome.ok:
+                # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
+                reference_seconds = self.references.at_batch(study, config, ui)
+                if reference_seconds:
+                    trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
+        self._tell(trial, config, outcome)
+        return None
+
+    def _end_unfinished(self, trial: optuna.Trial, config: Optional[TrialConfig], finished: Optional[TrialOutcome],
+                        exc: BaseException) -> None:
+        """Never leave a trial RUNNING: record the result of a run that had finished, else FAIL with why
+        (``interrupted: SIGINT (Ctrl-C)``, ``interrupted: SIGTERM``, ``aborted: ...``)."""
+        def running() -> bool:
+            return self.study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+
+        if not running():
+            return
+        if finished is not None and config is not None:
+            try:
+                self._tell(trial, config, finished)
+            except Exception as err:  # the reason it is not kept goes with the FAIL below
+                warnings.warn(f"trial {trial.number}: its finished result was not recorded: {err}", stacklevel=2)
+            if not running():
+                return
+        trial.set_user_attr("failure", interrupt_reason(exc))
+        self.study.tell(trial, state=TrialState.FAIL)
 
     def _prune_threshold(self) -> Optional[float]:
         if not self.prune_below:
@@ -185,7 +217,8 @@ class TrialLoop:
         """Fail RUNNING trials whose worker is gone, and run each such config once more.
 
         A worker on this host is gone when its process no longer exists (a SIGKILLed tuner); workers on
-        other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages).
+        other hosts are judged by Optuna's heartbeat where the storage keeps one (RDB storages), else by
+        the trial's lease (a journal: ``LeaseWatch``).
         """
         study = self.study
         with warnings.catch_warnings():
@@ -194,10 +227,18 @@ class TrialLoop:
         host = socket.gethostname()
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             worker = trial.user_attrs.get("worker", "")
-            if not worker.startswith(f"{host}:") or _worker_alive(worker):
-                continue
+            if worker.startswith(f"{host}:"):
+                if _worker_alive(worker):
+                    continue
+                why = f"stale: worker {worker} is gone"
+            else:
+                age = self._leases.stale_for(trial) if self._leases is not None else None
+                if age is None:
+                    continue
+                why = (f"stale: worker {worker or '(unknown)'} renewed no lease for {age:.0f}s "
+                       f"(grace period {self._leases.grace:g}s)")
             try:
-                self.storage.set_trial_user_attr(trial._trial_id, "failure", f"stale: worker {worker} is gone")
+                self.storage.set_trial_user_attr(trial._trial_id, "failure", why)
                 self.storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # another process got there first
@@ -206,7 +247,7 @@ class TrialLoop:
 
     def _copy(self, trial: optuna.Trial, old: FrozenTrial) -> None:
         for key, value in old.user_attrs.items():
-            if key not in ("duplicate_of", "retry_of", "worker", "role"):
+            if key not in ("duplicate_of", "retry_of", "worker", "role", LEASE_KEY):
                 trial.set_user_attr(key, value)
         if old.state == TrialState.PRUNED:
             self.study.tell(trial, state=TrialState.PRUNED)

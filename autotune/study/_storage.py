@@ -12,6 +12,7 @@ import optuna
 
 from autotune._errors import StudyError
 from autotune._records import DEFAULT_STUDIES_DIR
+from autotune.study._locks import file_lock
 
 DEFAULT_DB = "autotune.db"
 
@@ -56,11 +57,14 @@ def open_storage(
 ) -> tuple[Any, str]:
     """Open an Optuna storage from a URL; ``None`` means ``studies/autotune.db``.
 
-    ``journal:PATH`` opens a journal file (several processes on one host).
+    ``journal:PATH`` opens a journal file (several processes on one host), refusing one that ends in a
+    cut-off record (``_journal``). A SQLite file is first created by one process at a time (a lock file
+    ``PATH.lock`` beside it).
 
     Args:
-        grace_period: Keep heartbeats of running trials (RDB storages): a trial without one for this
-            many seconds is failed and its config retried once. ``None`` keeps no heartbeats.
+        grace_period: Keep heartbeats of running trials (RDB storages; leases in a journal): a trial without
+            one for this many seconds is failed and its config retried once. ``None`` keeps no heartbeats
+            (a journal then uses 60 s).
 
         create: Make the file or the tables when missing; read commands pass ``False``, so that reading
             a study that does not exist creates nothing.
@@ -80,25 +84,28 @@ def open_storage(
         )
     try:
         if url.startswith("journal:"):
-            from optuna.storages.journal import JournalFileBackend, JournalStorage
+            from autotune.study._journal import open_journal
 
             path = Path(url[len("journal:") :])
             if not create and not path.is_file():
                 raise StudyError(f"no journal file at {path}; run `autotune tune` first")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(path))), url
+            return open_journal(path, grace_period=grace_period), url
         engine_kwargs: dict[str, Any] = {}
+        creation: Any = contextlib.nullcontext()
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///") :])
             if not create and not path.is_file():
                 raise StudyError(f"no study database at {path}; run `autotune tune` first")
             path.parent.mkdir(parents=True, exist_ok=True)
-            _enable_sqlite_wal(path)
+            # Concurrent first openers would each create Optuna's tables; one at a time, the others find them.
+            creation = file_lock(path.with_name(path.name + ".lock"))
             # Wait for a lock instead of failing at once when a dashboard or a second worker writes.
             engine_kwargs = {"connect_args": {"timeout": 60}}
         options: dict[str, Any] = {}
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), creation:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if url.startswith("sqlite:///"):
+                _enable_sqlite_wal(path)
             if grace_period is not None:
                 options = {
                     "heartbeat_interval": max(1, grace_period // 6),

@@ -27,6 +27,7 @@ from autotune.search import _compile, _space
 from autotune.search._sampler import GuidedSampler
 from autotune.study._confirm import confirm_long, confirm_top_k
 from autotune.study._isolation import start_trial_server
+from autotune.study._locks import file_lock
 from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
 from autotune.study._options import TunerOptions
 from autotune.study._progress import _Progress
@@ -388,17 +389,23 @@ class Tuner:
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
         with _Progress(opts.study.progress, opts.search.n_trials) as ui:
             if study is None or not _creation_done(study):
-                reference = references.baseline(ui)
-                # After the reference: a length in steps is converted at its measured rate, and the
-                # reference run shows which knobs cannot matter for this model.
-                space = self._plan_compiles(space, reference)
-                space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference))
-                with _storage_errors(storage_label, self.study_name):
-                    if study is None:
-                        study = self._create(storage, space, caps, reference)
-                    else:
-                        study = self._finish_creation(study, space, caps, reference)
-                self._show_reference(study, reference, ui)
+                with self._reference_lock(runner, ui) as locked:
+                    if locked and mode != "join":  # another process may have made the study while this one waited
+                        space = self._stored_compile_plan(storage, space)
+                        space = self._stored_model_restriction(storage, space)
+                        study = self._load_existing(storage, space)
+                    if study is None or not _creation_done(study):
+                        reference = references.baseline(ui)
+                        # After the reference: a length in steps is converted at its measured rate, and the
+                        # reference run shows which knobs cannot matter for this model.
+                        space = self._plan_compiles(space, reference)
+                        space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference))
+                        with _storage_errors(storage_label, self.study_name):
+                            if study is None:
+                                study = self._create(storage, space, caps, reference)
+                            else:
+                                study = self._finish_creation(study, space, caps, reference)
+                        self._show_reference(study, reference, ui)
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             study.sampler = self._sampler(space)
@@ -420,6 +427,19 @@ class Tuner:
         result = summarize_study(study, storage_url=storage_label)
         path = write_best_config(study, result, studies_dir)
         return _with_path(result, path)
+
+    @contextlib.contextmanager
+    def _reference_lock(self, runner: TrialRunner, ui: _Progress) -> Iterator[bool]:
+        """One process of this host at a time runs a study's reference (they would share its log folders).
+
+        Yields whether the lock was taken (then the study is read again: the holder may have created it).
+        """
+        def waiting() -> None:
+            ui.status("waiting for another process to run this study's reference")
+
+        # Beside logs/, not in it: logs/ holds one folder per run.
+        with file_lock(runner.logdir.parent / ".reference.lock", on_wait=waiting) as locked:
+            yield locked
 
     def _warn_if_shared(self, study: optuna.Study, caps: _hardware.Capabilities) -> None:
         """One warning line (and the study attribute) when live workers on this host share a device or cores."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Any, Optional
 
 from autotune import hardware as _hardware
@@ -34,25 +35,40 @@ def _worker_alive(worker: str) -> bool:
     return not start or _process_start(int(pid)) == start
 
 
+LEASE_KEY = "heartbeat"  # trial user attribute: when its worker last renewed it (a journal's lease)
+
+
 class _Heartbeat:
-    """Records Optuna heartbeats for a running trial where the storage keeps them."""
+    """Records Optuna heartbeats for a running trial where the storage keeps them, else renews its lease
+    (the ``heartbeat`` user attribute, wall-clock seconds) where the storage asks for one (a journal)."""
 
     def __init__(self, storage: Any, trial_id: int) -> None:
         self.storage, self.trial_id = storage, trial_id
-        self.interval = getattr(storage, "heartbeat_interval", None) if hasattr(storage, "record_heartbeat") else None
+        self.lease = hasattr(storage, "lease_interval")
+        if self.lease:
+            self.interval: Optional[float] = storage.lease_interval
+        else:
+            keeps = hasattr(storage, "record_heartbeat")
+            self.interval = getattr(storage, "heartbeat_interval", None) if keeps else None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+
+    def _beat(self) -> None:
+        if self.lease:
+            self.storage.set_trial_user_attr(self.trial_id, LEASE_KEY, round(time.time(), 3))
+        else:
+            self.storage.record_heartbeat(self.trial_id)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.storage.record_heartbeat(self.trial_id)
+                self._beat()
             except Exception:
-                return
+                return  # the trial was finished (another worker took it over) or the storage is gone
 
     def __enter__(self) -> "_Heartbeat":
         if self.interval:
-            self.storage.record_heartbeat(self.trial_id)
+            self._beat()
             self._thread = threading.Thread(target=self._loop, name="autotune-heartbeat", daemon=True)
             self._thread.start()
         return self
@@ -61,6 +77,40 @@ class _Heartbeat:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+class LeaseWatch:
+    """Judges running trials of workers on other hosts by their lease, on a storage without heartbeats.
+
+    A trial is stale when its lease (else its start) is older than the grace period by the wall clock,
+    and this process has itself seen it unrenewed for two renewal intervals: a worker whose clock runs
+    behind still renews, so a skewed clock alone never fails a live trial.
+
+    Args:
+        storage: A storage with ``lease_grace_period`` and ``lease_interval`` (``_journal``).
+    """
+
+    def __init__(self, storage: Any) -> None:
+        self.grace = float(storage.lease_grace_period)
+        self.interval = float(storage.lease_interval)
+        self._seen: dict[int, tuple[float, float]] = {}  # trial id -> (lease, monotonic time first seen)
+
+    def stale_for(self, trial: Any) -> Optional[float]:
+        """Seconds since the trial's lease was renewed when it is stale, else None."""
+        lease = trial.user_attrs.get(LEASE_KEY)
+        if not isinstance(lease, (int, float)):
+            if trial.datetime_start is None:
+                return None
+            lease = trial.datetime_start.timestamp()
+        now = time.monotonic()
+        seen = self._seen.get(trial._trial_id)
+        if seen is None or seen[0] != lease:
+            self._seen[trial._trial_id] = (lease, now)
+            return None
+        age = time.time() - lease
+        if age > self.grace and now - seen[1] >= 2 * self.interval:
+            return age
+        return None
 
 
 def _device_identity(caps: _hardware.Capabilities) -> dict[str, str]:
