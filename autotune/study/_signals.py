@@ -110,8 +110,8 @@ PARENT_ENV = "AUTOTUNE_PARENT_PID"  # set for the workers `autotune tune --worke
 def die_with_parent(parent: Optional[int] = None, *, interval: float = 1.0) -> None:
     """Send this process SIGTERM (so it records its trial and exits) once its parent is gone.
 
-    On Linux the kernel does it (``PR_SET_PDEATHSIG``); a thread that watches the parent's pid covers
-    other systems and a parent that died before this was set.
+    On Linux the kernel does it (``PR_SET_PDEATHSIG``), and a parent already gone when it is set is
+    answered at once; a thread that watches the parent's pid covers other systems.
     """
     if parent is None:
         try:
@@ -122,14 +122,21 @@ def die_with_parent(parent: Optional[int] = None, *, interval: float = 1.0) -> N
         try:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+            if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0:  # PR_SET_PDEATHSIG
+                if os.getppid() == parent:
+                    # The kernel will send the one SIGTERM. A watch thread sending its own as well could land
+                    # before the kernel's is handled and count as the second signal, which kills at once
+                    # without recording the trial.
+                    return
+                os.kill(os.getpid(), signal.SIGTERM)  # the parent died before the death signal was set
+                return
         except (OSError, AttributeError):
             pass
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(interval)
-        if not _FIRST:  # the kernel's signal came first: a second one would kill without recording
+        if not _FIRST:
             os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
