@@ -110,6 +110,9 @@ def report(study: optuna.Study, result: autotune.Result, args: argparse.Namespac
     if to_95 is not None:
         lines.append(f"Minutes to 95% of the best: {to_95:.1f} (from the first reference run to the end of the first "
                      "trial within 5% of the recommended config's throughput).")
+    plan = study.user_attrs.get("compile_break_even") or {}
+    for mode, m in (plan.get("modes") or {}).items():
+        lines.append(f"Compile mode `{mode}`: {'kept' if m['kept'] else 'removed'} ({m['reason']}).")
     timeouts = [t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") == "compile_timeout"]
     lines.append(f"Trials lost to a compile timeout: {len(timeouts)}" + (f" ({timeouts})" if timeouts else "") + ".")
     rejected = [t for t in study.get_trials(deepcopy=False)
@@ -129,6 +132,7 @@ def main() -> None:
     parser.add_argument("--trial-timeout", type=float, default=300.0)
     parser.add_argument("--batch-policy", choices=("fixed", "scale"))
     parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--confirm-rounds", type=int, default=2, help="rounds of the top-K re-measurement")
     parser.add_argument("--studies-dir", default="studies")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--storage", help="read the study from this storage (e.g. a copied SQLite file)")
@@ -139,7 +143,7 @@ def main() -> None:
     if not args.report_only:
         autotune.run(args.target, space=args.space, n_trials=args.trials, timeout=args.timeout,
                      study_name=args.study, trial_timeout=args.trial_timeout, batch_policy=args.batch_policy,
-                     top_k=args.top_k, studies_dir=args.studies_dir, progress=False)
+                     top_k=args.top_k, confirm_rounds=args.confirm_rounds, studies_dir=args.studies_dir, progress=False)
     study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     text = report(study, result, args)
     if args.rejudge:

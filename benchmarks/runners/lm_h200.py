@@ -293,8 +293,23 @@ def study(args: argparse.Namespace, work: Path, timeout: float, env: dict[str, s
         trials.append({"number": t.number, "state": t.state.name, "status": a.get("status"),
                        "config": a.get("config"), "throughput": a.get("throughput"),
                        "verdict": a.get("accuracy_verdict"), "role": a.get("role", "")})
-    return {"best": best, "trials": trials, "seconds": seconds, "command": " ".join(command[1:]),
+    return {"best": best, "trials": trials, "seconds": seconds, "command": _shown(command[1:], work),
             "summary": proc.stdout.strip().splitlines()[-12:]}
+
+
+def _shown(command: list[str], work: Path) -> str:
+    """The command as the report prints it: paths relative to the repository and to ``--workdir``."""
+    def short(arg: str) -> str:
+        path, sep, rest = arg.partition(":") if not arg.startswith("/") or ":" in arg else (arg, "", "")
+        if not path.startswith("/"):
+            return arg
+        for root, label in ((work, "WORKDIR/"), (REPO, "")):
+            try:
+                return label + str(Path(path).relative_to(root)) + sep + rest
+            except ValueError:
+                continue
+        return arg
+    return " ".join(short(a) for a in command)
 
 
 def _describe(config: Optional[dict[str, Any]]) -> str:
