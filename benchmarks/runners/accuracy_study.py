@@ -91,7 +91,7 @@ def report(study: optuna.Study, result: autotune.Result, args: argparse.Namespac
         f"## Study `{study.study_name}`: `{study.user_attrs.get('target')}`, space `{study.user_attrs.get('space_name')}`",
         "",
         f"Date {datetime.date.today()}; {hw.get('gpu_name') or 'CPU'} (driver {hw.get('driver') or '-'}); "
-        f"torch {hw.get('torch')}; Python {platform.python_version()}; optuna {optuna.__version__}.",
+        f"torch {hw.get('torch')}; Python {hw.get('python') or platform.python_version()}; optuna {optuna.__version__}.",
         "",
         *[f"- {line}" for line in accuracy_lines(study, result.best.number if result.best else None)],
         "",
@@ -101,8 +101,10 @@ def report(study: optuna.Study, result: autotune.Result, args: argparse.Namespac
     fastest = fastest_equivalent(study)
     if result.best is not None and fastest is not None:
         number, rate = fastest
+        measured = ("after the top-K re-measurement" if study.user_attrs.get("top_k_confirmation")
+                    else "a single measurement: the top-K re-measurement did not finish")
         lines.append(f"Recommended: trial #{result.best.number} `{result.best.config.describe()}` at "
-                     f"{result.best.throughput:,.1f} samples/s (after the top-K re-measurement), "
+                     f"{result.best.throughput:,.1f} samples/s ({measured}), "
                      f"{result.best.throughput / rate:.1%} of the fastest single measurement the verdict called "
                      f"equivalent (#{number}, {rate:,.1f}); baseline {result.baseline_throughput:,.1f}, "
                      f"{result.speedup:.2f}x.")
