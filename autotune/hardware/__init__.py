@@ -13,12 +13,18 @@ from autotune.hardware._machine import (
     usable_cpus,
     visible_index,
 )
+from autotune.hardware._mps import MPS_MODES, MpsDaemon, MpsSession, find_running_daemon, open_mps
 
 __all__ = [
+    "MPS_MODES",
     "Capabilities",
     "GpuSampler",
+    "MpsDaemon",
+    "MpsSession",
     "dali_availability",
+    "find_running_daemon",
     "nvml_identity",
+    "open_mps",
     "probe",
     "throttle_reason_names",
     "usable_cpus",
