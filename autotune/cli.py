@@ -89,6 +89,8 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--studies-dir", default="studies", help="where outputs go (default studies/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true",
+                   help="draw no plots at the end (they take seconds; `autotune report` draws them later)")
     p.add_argument("--grace-period", type=_positive_int, default=60,
                    help="seconds without a heartbeat before another worker's running trial counts as dead (default 60)")
 
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--grace-period", type=_positive_int, default=60)
     worker.add_argument("--studies-dir", default="studies")
     worker.add_argument("--no-progress", action="store_true")
+    worker.add_argument("--no-plots", action="store_true")
 
     demo = sub.add_parser("demo", help="tune the built-in demo workload (small CNN on CPU, ResNet-50 on GPU)")
     _add_study_options(demo, trials=8)
@@ -198,6 +201,7 @@ def _make_tuner(Tuner: Any, args: argparse.Namespace, target: str, demo: bool, m
         memory_limit_gib=args.memory_limit,
         studies_dir=args.studies_dir,
         progress=not args.no_progress,
+        plots=not args.no_plots,
         grace_period=args.grace_period,
         mode=mode,
         **options,
@@ -287,6 +291,8 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
                "--studies-dir", args.studies_dir, "--no-progress"]
     if args.memory_limit:
         command += ["--memory-limit", str(args.memory_limit)]
+    if args.no_plots:
+        command += ["--no-plots"]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
     from autotune.study._signals import PARENT_ENV, Interrupted, track_child

@@ -80,7 +80,7 @@ def test_tune_with_an_invalid_space_exits_1_with_one_line(tmp_path: Path) -> Non
     bad = tmp_path / "bad.yaml"
     bad.write_text("knobs:\n  batch_size: [32]\nsampler: tpe\n")
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", bad, "--studies-dir", tmp_path / "studies",
-               "--no-progress", cwd=tmp_path, script=CONSOLE_SCRIPT.exists())
+               "--no-progress", "--no-plots", cwd=tmp_path, script=CONSOLE_SCRIPT.exists())
     line = assert_one_line_error(proc, str(bad), "'sampler'")
     assert line.startswith("autotune: error: ")
 
@@ -89,7 +89,7 @@ def test_tune_with_a_missing_file_exits_1_with_one_line(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(TINY_SPACE)
     proc = cli("tune", "missing.py:train", "--space", space, "--studies-dir", tmp_path / "studies",
-               "--no-progress", cwd=tmp_path)
+               "--no-progress", "--no-plots", cwd=tmp_path)
     assert_one_line_error(proc, "autotune: error:", "missing.py", "no such file")
 
 
@@ -98,7 +98,7 @@ def test_tune_then_best(tmp_path: Path) -> None:
     space.write_text(TINY_SPACE)
     studies = tmp_path / "studies"
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 2, "--study", "cli-tiny", "--prune-below", 0,
-               "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+               "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     best_json = studies / "cli-tiny" / "best_config.json"
     assert f"Best config written to {best_json}" in proc.stdout
@@ -123,7 +123,7 @@ def test_tune_then_best(tmp_path: Path) -> None:
 
 def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
     studies = tmp_path / "studies"
-    proc = cli("demo", "--trials", 2, "--studies-dir", studies, "--no-progress", cwd=tmp_path, timeout=400)
+    proc = cli("demo", "--trials", 2, "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((studies / "demo" / "best_config.json").read_text())
     assert doc["study"] == "demo" and doc["target"] == "autotune.demo:train"
@@ -162,7 +162,7 @@ def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path
     space.write_text(yaml.safe_dump(doc))
     url = f"sqlite:///{tmp_path}/cifar.db"
     proc = cli("tune", "examples/cifar_cnn.py:train", "--space", space, "--memory-limit", 0.3, "--trials", 1,
-               "--storage", url, "--study", "cifar-oom", "--studies-dir", tmp_path / "studies", "--no-progress",
+               "--storage", url, "--study", "cifar-oom", "--studies-dir", tmp_path / "studies", "--no-progress", "--no-plots",
                cwd=REPO, timeout=400)
     assert proc.returncode == 0, proc.stderr
     assert "No feasible config was found" in proc.stdout
@@ -188,11 +188,14 @@ def test_a_resumed_run_does_not_charge_the_trial_server_start_to_its_first_trial
     studies = tmp_path / "studies"
     for trials in (2, 3):
         proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", trials, "--study", "resumed",
-                   "--prune-below", 0, "--top-k", 0, "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+                   "--prune-below", 0, "--top-k", 0, "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
     trial = optuna.load_study(study_name="resumed", storage=f"sqlite:///{studies}/autotune.db").trials[2]
     ask_to_tell = (trial.datetime_complete - trial.datetime_start).total_seconds()
     assert ask_to_tell - trial.user_attrs["run_seconds"] < 1.5, (ask_to_tell, trial.user_attrs["run_seconds"])
+    # --no-plots: the study's folder has its best config and logs, and no plot.
+    assert (studies / "resumed" / "best_config.json").exists()
+    assert not list((studies / "resumed").glob("*.png")) and not (studies / "artifacts").exists()
 
 
 @pytest.mark.parametrize("text, names", [
@@ -216,7 +219,7 @@ def test_the_batch_policy_flag_overrides_the_space(tmp_path: Path) -> None:
     space.write_text("knobs:\n  batch_size: [16, 32, 64]\nbaseline: {batch_size: 32}\n"
                      "budget: {samples: 1024, warmup_steps: 1, windows: 3}\n")
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--batch-policy", "scale", "--trials", 3,
-               "--top-k", 0, "--prune-below", 0, "--no-progress", "--studies-dir", tmp_path / "studies", cwd=tmp_path)
+               "--top-k", 0, "--prune-below", 0, "--no-progress", "--no-plots", "--studies-dir", tmp_path / "studies", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     study = optuna.load_study(study_name="train_tiny", storage=f"sqlite:///{tmp_path}/studies/autotune.db")
     assert study.user_attrs["batch_policy"] == "scale"
@@ -276,7 +279,7 @@ def test_tune_with_a_stated_baseline_uses_it_and_says_where_it_came_from(tmp_pat
     space.write_text(TINY_SPACE)  # its baseline is the default batch 64
     studies = tmp_path / "studies"
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 1, "--top-k", 0, "--study", "stated",
-               "--baseline", "batch_size=32,cpu_threads=1", "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+               "--baseline", "batch_size=32,cpu_threads=1", "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     source = "--baseline batch_size=32,cpu_threads=1, the other knobs from the space space"
     assert f"Baseline fp32 bs32 workers=0 threads=1: from {source}." in proc.stdout
@@ -290,7 +293,7 @@ def test_tune_with_a_stated_baseline_uses_it_and_says_where_it_came_from(tmp_pat
 
     # Resuming with another baseline is another space.
     again = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 1, "--study", "stated",
-                "--studies-dir", studies, "--no-progress", cwd=tmp_path)
+                "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path)
     assert_one_line_error(again, "another search space", "baseline.batch_size")
 
 
@@ -302,6 +305,6 @@ def test_tune_with_a_bad_stated_baseline_exits_1_with_one_line(tmp_path: Path, s
     space = tmp_path / "space.yaml"
     space.write_text(TINY_SPACE.replace("knobs:\n", "knobs:\n  precision: [fp32, fp16]\n"))
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--baseline", stated,
-               "--studies-dir", tmp_path / "studies", "--no-progress", cwd=tmp_path)
+               "--studies-dir", tmp_path / "studies", "--no-progress", "--no-plots", cwd=tmp_path)
     assert_one_line_error(proc, "autotune: error: ", *names)
     assert not (tmp_path / "studies" / "train_tiny").exists()

@@ -105,7 +105,7 @@ def test_a_compile_timeout_in_a_study_marks_the_mode_slow_and_the_study_goes_on(
     for key, value in COLD.items():
         monkeypatch.setenv(key, value)  # trials take the coordinator's environment
     url = f"sqlite:///{tmp_path}/studies.db"
-    settings = dict(space=write_space(STUDY_SPACE), storage=url, studies_dir=tmp_path / "studies", progress=False,
+    settings = dict(space=write_space(STUDY_SPACE), storage=url, studies_dir=tmp_path / "studies", progress=False, plots=False,
                     capabilities=cpu_caps, reference_repeats=1, trial_timeout=TRIAL_TIMEOUT, compile_timeout=DEADLINE,
                     top_k=0, prune_below=None, n_trials=3, study_name="compile")
     Tuner(f"{WORKLOADS}:train_tiny", mode="create", **settings).run()

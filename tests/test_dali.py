@@ -189,7 +189,7 @@ def test_short_study_over_both_backends_records_data_wait(dali, jpegs, tmp_path,
                         dali=True)
     url = f"sqlite:///{tmp_path}/dali.db"
     result = Tuner(f"{WORKLOAD}:train", space=space, n_trials=3, storage=url, studies_dir=tmp_path / "studies",
-                   progress=False, capabilities=caps, reference_repeats=1, top_k=0, prune_below=None,
+                   progress=False, plots=False, capabilities=caps, reference_repeats=1, top_k=0, prune_below=None,
                    trial_timeout=120, study_name="dali").run()
     trials = optuna.load_study(study_name="dali", storage=url).get_trials()
     assert len(trials) == 3 and all(t.state == TrialState.COMPLETE for t in trials)

@@ -36,7 +36,7 @@ def test_the_example_tunes_through_the_cli(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "400"}
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "tune", f"{EXAMPLE.relative_to(REPO)}:train", "--space", str(space),
-         "--trials", "2", "--top-k", "0", "--studies-dir", str(studies), "--no-progress"],
+         "--trials", "2", "--top-k", "0", "--studies-dir", str(studies), "--no-progress", "--no-plots"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

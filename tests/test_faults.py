@@ -31,7 +31,7 @@ def _tune(tmp_path, storage, *extra, target=TARGET, study="s", trials=2, env=Non
         space.write_text(SPACE)
     return subprocess.run(
         _cmd("tune", target, "--space", str(space), "--storage", storage, "--study", study, "--trials", str(trials),
-             "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--prune-below", "0", "--top-k", "0",
+             "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots", "--prune-below", "0", "--top-k", "0",
              *extra),
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
@@ -92,7 +92,7 @@ def test_an_interrupted_creation_is_finished_on_resume(kind, tmp_path, request):
 
     # A worker does not join it, and says why in one line.
     worker = subprocess.run(_cmd("worker", TARGET, "--study", "s", "--storage", storage, "--studies-dir",
-                                 str(tmp_path / "studies"), "--no-progress"), capture_output=True, text=True, timeout=120)
+                                 str(tmp_path / "studies"), "--no-progress", "--no-plots"), capture_output=True, text=True, timeout=120)
     _one_line_error(worker, "was left half-made")
 
     undo()  # the space is freed
@@ -182,7 +182,7 @@ def test_a_paused_worker_finds_its_trial_taken_over_and_goes_on(postgres_url, tm
 
     def worker(env):
         return subprocess.Popen(_cmd("worker", target, "--study", "s", "--storage", postgres_url, "--grace-period", "2",
-                                     "--studies-dir", str(tmp_path / "studies"), "--no-progress"),
+                                     "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots"),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
 
     paused = worker({"AUTOTUNE_TEST_PAUSE_ONCE": str(marker)})
@@ -298,7 +298,7 @@ def test_workers_get_the_storage_url_outside_their_argv_and_nothing_prints_the_p
     space.write_text(SPACE)
     proc = subprocess.Popen(
         _cmd("tune", f"{WORKLOADS}:train_takes_seconds", "--space", str(space), "--storage", url, "--study", "s",
-             "--trials", "3", "--workers", "2", "--studies-dir", str(tmp_path / "studies"), "--no-progress",
+             "--trials", "3", "--workers", "2", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots",
              "--prune-below", "0", "--top-k", "0"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen_workers, leaked = 0, []

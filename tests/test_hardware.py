@@ -54,7 +54,7 @@ def test_probe_checks_that_the_target_imports(tmp_path: Path) -> None:
 def test_tuner_probes_the_machine_when_not_told(tmp_path: Path, probed: Capabilities, write_space) -> None:
     space = write_space("knobs:\n  channels_last: [false, true]\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n")
     url = f"sqlite:///{tmp_path}/probe.db"
-    Tuner(f"{WORKLOADS}:train_tiny", space=space, n_trials=1, storage=url, studies_dir=tmp_path, progress=False,
+    Tuner(f"{WORKLOADS}:train_tiny", space=space, n_trials=1, storage=url, studies_dir=tmp_path, progress=False, plots=False,
           reference_repeats=1, top_k=0, study_name="probed").run()
     hardware = optuna.load_study(study_name="probed", storage=url).user_attrs["hardware"]
     assert hardware == probed.to_dict()

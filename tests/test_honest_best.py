@@ -62,7 +62,7 @@ def _env(monkeypatch, tmp_path: Path, rates: dict[str, float], script: dict[str,
 def _tuner(tmp_path: Path, cpu_caps, **options) -> Tuner:
     (tmp_path / "space.yaml").write_text(SPACE)
     settings = dict(space=tmp_path / "space.yaml", n_trials=4, storage=f"sqlite:///{tmp_path}/s.db",
-                    studies_dir=tmp_path / "studies", progress=False, capabilities=cpu_caps, reference_repeats=1,
+                    studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1,
                     trial_timeout=120, top_k=3, confirm_rounds=2, prune_below=None, study_name="honest")
     settings.update(options)
     return Tuner(REPLAY, **settings)
@@ -198,7 +198,7 @@ def test_two_workers_confirm_the_top_k_once_and_warn_that_they_share_the_cores(t
     studies = tmp_path / "studies"
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "tune", REPLAY, "--space", str(tmp_path / "space.yaml"), "--study", "s",
-         "--trials", "4", "--workers", "2", "--studies-dir", str(studies), "--no-progress", "--prune-below", "0",
+         "--trials", "4", "--workers", "2", "--studies-dir", str(studies), "--no-progress", "--no-plots", "--prune-below", "0",
          "--top-k", "3"],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )

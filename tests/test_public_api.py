@@ -24,9 +24,9 @@ PUBLIC_NAMES = [
 COMMANDS = {
     "tune": {"target", "--space", "--trials", "--timeout", "--study", "--storage", "--max-accuracy-loss",
              "--metric-direction", "--accuracy-reference", "--trial-timeout", "--memory-limit", "--confirm-samples",
-             "--top-k", "--prune-below", "--seed", "--studies-dir", "--no-progress", "--grace-period", "--workers",
+             "--top-k", "--prune-below", "--seed", "--studies-dir", "--no-progress", "--no-plots", "--grace-period", "--workers",
              "--create-only", "--baseline"},
-    "worker": {"target", "--study", "--storage"},
+    "worker": {"target", "--study", "--storage", "--no-plots"},
     "demo": {"--baseline"},
     "best": {"study"},
     "report": {"study"},

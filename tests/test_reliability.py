@@ -23,7 +23,7 @@ def test_sigkilled_tuner_resumes_and_retries_the_orphan_once(space, tmp_path):
     marker = tmp_path / "stalled.pid"
     db = tmp_path / "a.db"
     command = _cmd("tune", STALLS_ONCE, "--prune-below", "0", "--space", str(space), "--storage", f"sqlite:///{db}", "--study", "s",
-                   "--trials", "5", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--top-k", "0")
+                   "--trials", "5", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots", "--top-k", "0")
     env = {**os.environ, "AUTOTUNE_TEST_STALL_ONCE": str(marker)}
     tuner = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
@@ -62,7 +62,7 @@ def test_concurrent_tuners_and_dashboard_share_sqlite(space, tmp_path):
     url = f"sqlite:///{db}"
     studies = tmp_path / "studies"
     first = subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url, "--study", "s0",
-                                "--trials", "1", "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
+                                "--trials", "1", "--studies-dir", str(studies), "--no-progress", "--no-plots", "--top-k", "0"),
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     with socket.socket() as sock:
@@ -72,7 +72,7 @@ def test_concurrent_tuners_and_dashboard_share_sqlite(space, tmp_path):
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tuners = [
         subprocess.Popen(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url, "--study", f"s{i}",
-                              "--trials", "3", "--studies-dir", str(studies), "--no-progress", "--top-k", "0"),
+                              "--trials", "3", "--studies-dir", str(studies), "--no-progress", "--no-plots", "--top-k", "0"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in (1, 2, 3)
     ]
@@ -114,7 +114,7 @@ def test_malformed_input_is_one_line_and_creates_nothing(args, expected, space, 
     studies = tmp_path / "studies"
     if "--storage" not in args:
         args = [*args, "--storage", f"sqlite:///{tmp_path}/x.db"]
-    proc = subprocess.run(_cmd(*args, "--space", str(space), "--studies-dir", str(studies), "--no-progress"),
+    proc = subprocess.run(_cmd(*args, "--space", str(space), "--studies-dir", str(studies), "--no-progress", "--no-plots"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert expected in proc.stderr
@@ -128,7 +128,7 @@ def test_malformed_input_is_one_line_and_creates_nothing(args, expected, space, 
 def test_password_in_storage_url_is_masked(space, tmp_path):
     url = "postgresql+psycopg://autotune_nobody:hunter2secret@127.0.0.1:5432/no_such_db"
     proc = subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url,
-                               "--studies-dir", str(tmp_path), "--no-progress"),
+                               "--studies-dir", str(tmp_path), "--no-progress", "--no-plots"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "hunter2secret" not in proc.stderr + proc.stdout
@@ -138,7 +138,7 @@ def test_password_in_storage_url_is_masked(space, tmp_path):
 def test_dashboard_warns_when_bound_to_all_interfaces(tmp_path, space):
     url = f"sqlite:///{tmp_path}/d.db"
     subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", url, "--trials", "1",
-                        "--studies-dir", str(tmp_path), "--no-progress", "--top-k", "0"), check=True,
+                        "--studies-dir", str(tmp_path), "--no-progress", "--no-plots", "--top-k", "0"), check=True,
                    capture_output=True, timeout=300)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -186,7 +186,7 @@ def test_stored_attributes_are_json_not_pickle(space, tmp_path):
 
     db = tmp_path / "j.db"
     subprocess.run(_cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", f"sqlite:///{db}", "--trials", "2",
-                        "--studies-dir", str(tmp_path), "--no-progress", "--top-k", "0"),
+                        "--studies-dir", str(tmp_path), "--no-progress", "--no-plots", "--top-k", "0"),
                    check=True, capture_output=True, timeout=300)
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT value_json FROM trial_user_attributes").fetchall()

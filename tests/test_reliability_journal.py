@@ -26,7 +26,7 @@ SECONDS_LONG = f"{HERE / 'scale_workloads.py'}:train_takes_seconds"
 def _tune(space, storage, studies, *extra, trials=3, study="s", env=None, timeout=300):
     return subprocess.run(
         _cmd("tune", TARGET, "--prune-below", "0", "--space", str(space), "--storage", storage, "--study", study,
-             "--trials", str(trials), "--studies-dir", str(studies), "--no-progress", "--top-k", "0", *extra),
+             "--trials", str(trials), "--studies-dir", str(studies), "--no-progress", "--no-plots", "--top-k", "0", *extra),
         capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -100,7 +100,7 @@ def test_a_journal_resume_fails_a_dead_trial_of_another_host_by_its_lease(space,
     marker = tmp_path / "stalled.pid"
     journal = tmp_path / "h.journal"
     args = ["tune", STALLS_ONCE, "--prune-below", "0", "--space", str(space), "--storage", f"journal:{journal}",
-            "--study", "s", "--trials", "3", "--studies-dir", str(tmp_path / "studies"), "--no-progress",
+            "--study", "s", "--trials", "3", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots",
             "--top-k", "0", "--grace-period", "3"]
     env = {**os.environ, "AUTOTUNE_TEST_STALL_ONCE": str(marker)}
     tuner = subprocess.Popen([sys.executable, "-c", OTHER_HOST, *args], env=env, stdout=subprocess.PIPE,
@@ -184,7 +184,7 @@ def test_concurrent_tunes_of_one_study_run_its_reference_once(space, tmp_path):
     url = f"journal:{tmp_path / 'r.journal'}"  # (SQLite's first creation is the test above)
     command = _cmd("tune", f"{HERE / 'scale_workloads.py'}:train_counts_runs", "--prune-below", "0", "--space",
                    str(space), "--storage", url, "--study", "s", "--trials", "2", "--studies-dir",
-                   str(tmp_path / "studies"), "--no-progress", "--top-k", "0")
+                   str(tmp_path / "studies"), "--no-progress", "--no-plots", "--top-k", "0")
     env = {**os.environ, "AUTOTUNE_TEST_RUNS": str(runs)}
     tuners = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for _ in range(2)]

@@ -46,7 +46,7 @@ def _create(space, storage, tmp_path, trials, target=TARGET, *extra):
     proc = subprocess.run(
         _autotune("tune", target, "--space", str(space), "--storage", storage, "--study", "s",
                   "--trials", str(trials), "--create-only", "--studies-dir", str(tmp_path / "studies"),
-                  "--no-progress", "--prune-below", "0", *extra),
+                  "--no-progress", "--no-plots", "--prune-below", "0", *extra),
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -56,7 +56,7 @@ def _create(space, storage, tmp_path, trials, target=TARGET, *extra):
 def _worker(storage, tmp_path, target=TARGET, env=None, grace=60):
     return subprocess.Popen(
         _autotune("worker", target, "--study", "s", "--storage", storage, "--grace-period", str(grace),
-                  "--studies-dir", str(tmp_path / "studies"), "--no-progress"),
+                  "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
     )
 
@@ -142,7 +142,7 @@ def test_tune_with_several_workers_uses_a_journal_file(space, tmp_path):
     studies = tmp_path / "studies"
     proc = subprocess.run(
         _autotune("tune", SECONDS_LONG, "--space", str(space), "--study", "s", "--trials", "5", "--workers", "2",
-                  "--studies-dir", str(studies), "--no-progress", "--top-k", "0", "--prune-below", "0"),
+                  "--studies-dir", str(studies), "--no-progress", "--no-plots", "--top-k", "0", "--prune-below", "0"),
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

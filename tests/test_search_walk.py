@@ -147,7 +147,7 @@ def test_the_cost_model_predicts_the_seconds_of_a_replayed_study(tmp_path, write
         monkeypatch.setenv(key, value)
     storage = f"sqlite:///{tmp_path}/s.db"
     Tuner(REPLAY, space=write_space(COST_SPACE), n_trials=7, storage=storage, studies_dir=tmp_path / "studies",
-          progress=False, reference_repeats=1, trial_timeout=120, top_k=0, study_name="cost", prune_below=0.0,
+          progress=False, plots=False, reference_repeats=1, trial_timeout=120, top_k=0, study_name="cost", prune_below=0.0,
           capabilities=cpu_caps).run()
     study = optuna.load_study(study_name="cost", storage=storage)
     trials = [t for t in study.get_trials() if t.state == TrialState.COMPLETE and "wall_seconds" in t.user_attrs]
@@ -264,7 +264,7 @@ def test_a_fault_tied_to_a_prior_value_costs_at_most_two_trials(tmp_path, write_
         monkeypatch.setenv(key, value)
     storage = f"sqlite:///{tmp_path}/s.db"
     result = Tuner(REPLAY, space=write_space(FAULT_SPACE), n_trials=8, storage=storage,
-                   studies_dir=tmp_path / "studies", progress=False, reference_repeats=1, trial_timeout=120,
+                   studies_dir=tmp_path / "studies", progress=False, plots=False, reference_repeats=1, trial_timeout=120,
                    top_k=0, study_name="faults", prune_below=0.0, capabilities=cpu_caps).run()
     study = optuna.load_study(study_name="faults", storage=storage)
     runs = [t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs.get("role") != "reference"]

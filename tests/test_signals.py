@@ -21,7 +21,7 @@ def _start(space, tmp_path, target, env, *extra, trials=3):
     url = f"sqlite:///{tmp_path / 's.db'}"
     command = _cmd("tune", f"{WORKLOADS}:{target}", "--prune-below", "0", "--space", str(space), "--storage", url,
                    "--study", "s", "--trials", str(trials), "--studies-dir", str(tmp_path / "studies"),
-                   "--no-progress", "--top-k", "0", *extra)
+                   "--no-progress", "--no-plots", "--top-k", "0", *extra)
     # Its own session, like a shell's foreground job: killpg is what a terminal's Ctrl-C does.
     proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -116,7 +116,7 @@ def test_workers_die_with_a_sigkilled_parent_and_record_their_trials(space, tmp_
     proc = subprocess.Popen(
         _cmd("tune", f"{WORKLOADS}:train_takes_seconds", "--prune-below", "0", "--space", str(space), "--storage",
              f"journal:{journal}", "--study", "s", "--trials", "20", "--workers", "2", "--studies-dir",
-             str(tmp_path / "studies"), "--no-progress", "--top-k", "0"),
+             str(tmp_path / "studies"), "--no-progress", "--no-plots", "--top-k", "0"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def study():

@@ -134,7 +134,7 @@ def test_top_k_confirmation_beats_one_lucky_sample_in_replay(tmp_path):
 # -- the replay workload in a real study ---------------------------------------------------------------
 def _tuner(tmp_path, space_path, **options):
     settings = dict(space=space_path, n_trials=6, storage=f"sqlite:///{tmp_path}/s.db", studies_dir=tmp_path / "studies",
-                    progress=False, reference_repeats=1, trial_timeout=120, top_k=0, study_name="replay")
+                    progress=False, plots=False, reference_repeats=1, trial_timeout=120, top_k=0, study_name="replay")
     settings.update(options)
     return Tuner(REPLAY, **settings)
 

@@ -45,7 +45,7 @@ def make_tuner(tmp_path: Path, caps, func: str, space, **options) -> Tuner:
         n_trials=3,
         storage=sqlite_url(tmp_path),
         studies_dir=tmp_path / "studies",
-        progress=False,
+        progress=False, plots=False,
         capabilities=caps,
         reference_repeats=1,
         trial_timeout=120,
@@ -209,7 +209,7 @@ def test_resuming_with_a_changed_space_is_refused(tmp_path: Path, cpu_caps, writ
 def test_reference_failure_raises_workload_error(tmp_path: Path, cpu_caps, write_space, func, names) -> None:
     target = f"{WORKLOADS}:{func}" if func != "missing.py" else f"{tmp_path}/missing.py:train"
     tuner = Tuner(target, space=write_space(THREADS_SPACE), n_trials=2, storage=sqlite_url(tmp_path),
-                  studies_dir=tmp_path / "studies", progress=False, capabilities=cpu_caps, study_name="ref")
+                  studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=cpu_caps, study_name="ref")
     with pytest.raises(WorkloadError, match="fp32 reference run failed") as info:
         tuner.run()
     message = str(info.value)
@@ -321,7 +321,7 @@ def test_confirmation_trains_reference_and_best_for_longer(tmp_path, cpu_caps, w
 def test_callable_target_and_default_storage(tmp_path, cpu_caps, write_space) -> None:
     studies = tmp_path / "studies"
     result = Tuner(workloads.train_tiny, space=write_space(THREADS_SPACE), n_trials=1, studies_dir=studies,
-                   progress=False, capabilities=cpu_caps, reference_repeats=1, top_k=0).run()
+                   progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1, top_k=0).run()
     assert result.study_name == "train_tiny"
     study = open_study(f"sqlite:///{studies}/autotune.db", "train_tiny")
     assert study.user_attrs["target"] == "workloads:train_tiny"  # imported by module name in the trial
@@ -333,7 +333,7 @@ def test_callable_target_and_default_storage(tmp_path, cpu_caps, write_space) ->
 def test_result_storage_reopens_the_study(tmp_path, cpu_caps, write_space) -> None:
     studies = tmp_path / "studies"
     result = Tuner(workloads.train_tiny, space=write_space(THREADS_SPACE), n_trials=1, studies_dir=studies,
-                   progress=False, capabilities=cpu_caps, reference_repeats=1, top_k=0).run()
+                   progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1, top_k=0).run()
     _, again = load_study_result(result.study_name, storage=result.storage)
     assert again.best == result.best
 

@@ -6,6 +6,7 @@ creates a CUDA context of its own.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -86,11 +87,10 @@ def nvml_identity(index: int = 0) -> dict[str, str]:
 def _probe_here() -> Capabilities:
     import torch
 
+    # The installed version, read without importing torchvision (seconds, paid by every study's probe).
     try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except ImportError:
+        tv = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
         tv = ""
     cuda = torch.cuda.is_available()
     info: dict[str, Any] = {}
@@ -252,8 +252,6 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
         WorkloadError: ``target`` cannot be imported.
         AutotuneError: the child could not import torch or did not answer.
     """
-    from autotune._errors import WorkloadError
-
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "autotune.hardware", *([target] if target else [])],
@@ -271,30 +269,61 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
     if not lines:
         tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
         raise AutotuneError(f"the hardware probe gave no answer (did {target or 'it'} exit at import?): {tail[:300]}")
-    answer = json.loads(lines[-1])
+    return capabilities_from_answer(json.loads(lines[-1]))
+
+
+def capabilities_from_answer(answer: dict[str, Any]) -> Capabilities:
+    """The probe's answer as a record.
+
+    Raises:
+        WorkloadError: the answer says the target did not import.
+    """
+    from autotune._errors import WorkloadError
+
     if answer.get("target_error"):
         raise WorkloadError(answer["target_error"])
     return Capabilities.from_dict(answer["capabilities"])
 
 
-def _main(argv: list[str]) -> None:
+def probe_answer(target: Optional[str]) -> dict[str, Any]:
+    """Probe this process's machine and import ``target`` here: what a probe process answers (JSON-able)."""
     answer: dict[str, Any] = {"capabilities": _probe_here().to_dict()}
-    if argv:
+    if target:
         from autotune._target import load_target
 
         try:
-            load_target(argv[0])
+            load_target(target)
         except AutotuneError as exc:
             answer["target_error"] = str(exc)
         except SystemExit as exc:  # the user's module called sys.exit() at import
-            answer["target_error"] = f"{argv[0]}: importing it called sys.exit({exc.code!r}); guard the script part " \
+            answer["target_error"] = f"{target}: importing it called sys.exit({exc.code!r}); guard the script part " \
                                      "with if __name__ == '__main__':"
         except Exception as exc:  # the user's module failed at import: report it in one line
-            answer["target_error"] = f"{argv[0]}: importing it raised {type(exc).__name__}: {exc}".splitlines()[0]
+            answer["target_error"] = f"{target}: importing it raised {type(exc).__name__}: {exc}".splitlines()[0]
+    return answer
+
+
+def probe_into(connection: Any, target: Optional[str], log_path: str) -> None:
+    """The body of a probe process forked from the trial server: the answer goes back through ``connection``.
+
+    What the user's module prints at import goes to ``log_path``, not to the coordinator's terminal.
+    """
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    connection.send(probe_answer(target))
+    connection.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _main(argv: list[str]) -> None:
+    answer = probe_answer(argv[0] if argv else None)
     # On a line of its own, marked: the user's module may have printed, with or without a newline.
     sys.stdout.write("\n" + _PROBE_MARK + json.dumps(answer) + "\n")
     sys.stdout.flush()
-
 
 
 class GpuSampler:

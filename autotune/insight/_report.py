@@ -543,13 +543,14 @@ def upload_plots(study: optuna.Study, paths: dict[str, Path], studies_dir: Path)
     return sorted(names)
 
 
-def annotate_study(study: optuna.Study, *, studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> Annotation:
+def annotate_study(study: optuna.Study, *, studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR,
+                   plots: bool = True) -> Annotation:
     """Diagnose every trial, write the dashboard notes and attach the plots; never raises.
 
     Stores the diagnoses in the study (``annotate_trials``) and the best config's next-step hint as the
     study user attribute ``next_step``; writes the study note and one note per diagnosed trial
     (optuna-dashboard's note API; notes edited by hand are left alone); draws the plots into
-    ``studies/<study>/`` and attaches them to the study in ``studies/artifacts``.
+    ``studies/<study>/`` and attaches them to the study in ``studies/artifacts`` (unless ``plots`` is off).
     """
     skipped: list[str] = []
     try:
@@ -577,6 +578,8 @@ def annotate_study(study: optuna.Study, *, studies_dir: Union[str, Path] = DEFAU
         except Exception as exc:
             skipped.append(f"notes: {type(exc).__name__}: {exc}")
     artifacts: list[str] = []
+    if not plots:
+        return Annotation(diagnoses, hint, note, (), tuple(skipped))
     try:
         paths, not_drawn = write_pngs(study, study_dir(study.study_name, Path(studies_dir)))
         skipped += [f"{name}.png: {why}" for name, why in not_drawn.items()]

@@ -16,11 +16,15 @@ import json
 import multiprocessing
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from autotune._config import TrialOutcome
+from autotune._errors import AutotuneError
+from autotune.hardware import Capabilities
+from autotune.hardware._machine import capabilities_from_answer, probe, probe_into
 from autotune.study._signals import track_group, untrack_group
 from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
@@ -57,6 +61,44 @@ def start_trial_server() -> None:
         ready = context.Process(target=_nothing)
         ready.start()
         ready.join()
+
+
+def probe_in_trial_server(target: Optional[str], *, timeout: float = 300.0) -> Capabilities:
+    """``hardware.probe`` in a process forked from the trial server, which has torch imported already.
+
+    The same answer as a fresh probe process (the fork has not touched CUDA either), without paying a
+    second torch import per study. Falls back to ``hardware.probe`` where there is no forkserver.
+
+    Raises:
+        WorkloadError: ``target`` cannot be imported.
+        AutotuneError: the probe process died or did not answer.
+    """
+    context = _mp_context()
+    if context.get_start_method() != "forkserver":
+        return probe(target=target, timeout=timeout)
+    receive, send = context.Pipe(duplex=False)
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
+        log_path = os.path.join(folder, "probe.log")
+        process = context.Process(target=probe_into, args=(send, target, log_path), daemon=True)
+        process.start()
+        send.close()
+        try:
+            if not receive.poll(timeout):
+                raise AutotuneError(f"the hardware probe did not answer within {timeout:.0f}s")
+            answer = receive.recv()
+        except EOFError:
+            process.join(5)
+            output = Path(log_path).read_text(errors="replace").strip().splitlines() if os.path.exists(log_path) else []
+            raise AutotuneError(f"the hardware probe gave no answer (did {target or 'it'} exit at import?): "
+                                f"{(output or [f'exit code {process.exitcode}'])[-1][:300]}") from None
+        finally:
+            if process.is_alive():
+                process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            receive.close()
+    return capabilities_from_answer(answer)
 
 
 def _nothing() -> None:

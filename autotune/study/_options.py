@@ -38,6 +38,7 @@ class StudyOptions:
         grace_period: On RDB storages, seconds without a heartbeat after which another worker's
             running trial is failed and its config retried once.
         progress: Show a progress bar.
+        plots: Draw the plots (PNGs beside ``best_config.json`` and dashboard artifacts) at the end.
     """
 
     study_name: Optional[str] = None
@@ -47,6 +48,7 @@ class StudyOptions:
     mode: str = "tune"
     grace_period: int = 60
     progress: bool = True
+    plots: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

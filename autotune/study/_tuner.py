@@ -26,7 +26,7 @@ from autotune._target import target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.search._sampler import GuidedSampler
 from autotune.study._confirm import confirm_long, confirm_top_k
-from autotune.study._isolation import start_trial_server
+from autotune.study._isolation import probe_in_trial_server, start_trial_server
 from autotune.study._locks import file_lock
 from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
 from autotune.study._options import TunerOptions
@@ -364,7 +364,7 @@ class Tuner:
         """
         started = time.monotonic()
         opts = self.options
-        caps = self._caps = opts.search.capabilities or _hardware.probe(target=self.target)
+        caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
         storage, storage_label = open_storage(opts.study.storage, opts.study.studies_dir,
                                               grace_period=opts.study.grace_period)
         self._identity = _device_identity(caps)
@@ -423,7 +423,7 @@ class Tuner:
                              metric_direction=opts.accuracy.metric_direction, ui=ui)
         from autotune.insight._report import annotate_study  # diagnoses, dashboard note, plots; never raises
 
-        annotate_study(study, studies_dir=studies_dir)
+        annotate_study(study, studies_dir=studies_dir, plots=opts.study.plots)
         result = summarize_study(study, storage_url=storage_label)
         path = write_best_config(study, result, studies_dir)
         return _with_path(result, path)
