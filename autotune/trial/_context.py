@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
@@ -22,6 +23,11 @@ _IMAGE_LAYERS = (torch.nn.Conv2d, torch.nn.ConvTranspose2d, torch.nn.BatchNorm2d
                  torch.nn.AvgPool2d, torch.nn.AdaptiveAvgPool2d)
 MAX_TRAJECTORY = 512  # points of a trial's stored loss trajectory; longer ones are averaged into bins
 LOSS_SLACK = 16  # loss slots past the planned steps, for a train_fn that steps a little more
+
+
+def has_4d_activations(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has layers with (N, C, H, W) activations, the ones channels_last changes."""
+    return any(isinstance(m, _IMAGE_LAYERS) for m in module.modules())
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -91,7 +97,7 @@ class TrialContext:
     def model(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move to the device, apply channels_last and torch.compile as configured."""
         # Whether channels_last can matter (image layers): the search and the hints read it.
-        self.extras.setdefault("activations_4d", any(isinstance(m, _IMAGE_LAYERS) for m in module.modules()))
+        self.extras.setdefault("activations_4d", has_4d_activations(module))
         return _knobs.prepare_model(module, self.config, self.device)
 
     def optimizer(self, cls: type, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
@@ -320,7 +326,7 @@ class TrialContext:
                 batch = self._move(batch)
                 clock.fetched()
                 yield batch
-                samples = _batch_len(batch)
+                samples = batch_length(batch)
                 epoch_samples += samples
                 clock.end(samples)
         finally:
@@ -622,11 +628,14 @@ class _DeviceInputWait:
         return extra
 
 
-def _batch_len(batch: Any) -> int:
+def batch_length(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (in nested lists, tuples and dicts)."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        try:
+            return batch_length(item)
+        except TypeError:
+            continue
     raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
