@@ -31,7 +31,7 @@ from transformers import TrainerCallback  # noqa: E402
 from autotune.integrations import transformers as tuned  # noqa: E402
 
 WORKLOAD = str(Path(__file__).resolve())
-SLEEP = 1.0  # seconds, once in the Trainer's start-up and once in its evaluation
+SLEEP = 0.3  # seconds, once in the Trainer's start-up and once in its evaluation
 SLEPT: list[list[float]] = []  # each sleep's [start, end] on this process's perf_counter
 
 # The example's TrainingArguments, evaluating every 2 steps: inside a trial that evaluation must not run, or

@@ -28,7 +28,7 @@ import lightning_cnn  # noqa: E402 - the example, as its user wrote it
 from autotune.integrations import lightning as tuned  # noqa: E402
 
 WORKLOAD = str(Path(__file__).resolve())
-SLEEP = 1.0  # seconds, once in the fit's start-up and once in the validation
+SLEEP = 0.3  # seconds, once in the fit's start-up and once in the validation
 SLEPT: list[list[float]] = []  # each sleep's [start, end] on this process's perf_counter
 
 # Validation every 2 steps and callbacks that need it, a logger or checkpoints: a trial runs none of them.

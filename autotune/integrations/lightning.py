@@ -35,6 +35,7 @@ from autotune.search._space import SearchSpace
 EXTRA = "lightning"
 TRAINER = "lightning.Trainer"
 DEFAULT_SPACE = "lightning"
+PRELOAD = ("lightning.pytorch",)  # Lightning and torchmetrics: seconds per trial otherwise
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 # Lightning's precision values, as a Trainer takes them, by autotune precision (TF32 is a matmul setting).
 _PRECISION_OF = {"32": "fp32", "32-true": "fp32", "bf16-mixed": "bf16", "bf16": "bf16", "16-mixed": "fp16",
@@ -196,7 +197,7 @@ def tune(train_fn: Union[Callable[..., Any], str], *, trainer: Optional[Mapping[
     """
     stated = baseline(trainer, loader) if trainer is not None or loader is not None else None
     return _common.tune(train_fn, space=search_space(space), baseline=stated, metric_direction=metric_direction,
-                        options=options)
+                        options=options, preload=PRELOAD)
 
 
 def run_trainer(ctx: Any, model: Any, datamodule: Any = None, *, trainer: Optional[Mapping[str, Any]] = None,

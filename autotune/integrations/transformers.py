@@ -37,6 +37,7 @@ EXTRA = "transformers"
 TRAINER = "transformers.Trainer"
 DEFAULT_SPACE = "hf_trainer"
 DEFAULT_METRIC = "eval_loss"
+PRELOAD = ("transformers.trainer",)  # the Trainer and what it imports (accelerate): seconds per trial otherwise
 # The optimizers whose implementation optimizer_impl chooses: optim= names both forms of torch's AdamW.
 ADAMW = {"default": "adamw_torch", "fused": "adamw_torch_fused"}
 
@@ -177,7 +178,7 @@ def tune(train_fn: Union[Callable[..., Any], str], *, args: Any = None,
     """
     stated = baseline(args) if args is not None else None
     return _common.tune(train_fn, space=search_space(space, args=args), baseline=stated,
-                        metric_direction=metric_direction, options=options)
+                        metric_direction=metric_direction, options=options, preload=PRELOAD)
 
 
 def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None, *,
