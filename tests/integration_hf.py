@@ -68,3 +68,18 @@ def train(ctx) -> None:
     tuned.run_trainer(ctx, build_slow_trainer, ARGS)
     ctx.record("slept", SLEPT)
     ctx.record("windows", [[w.started, w.started + w.seconds] for w in ctx.recorder.windows])
+
+
+def build_from_overrides(overrides: dict):
+    """A build_trainer that makes its own TrainingArguments, taking the trial's overrides as a dict."""
+    mine = {"output_dir": "unused", "per_device_train_batch_size": 16, "learning_rate": 3e-3, "optim": "adamw_torch",
+            "report_to": "none"}
+    return hf_trainer.build_trainer(hf_trainer.TrainingArguments(**{**mine, **overrides}))
+
+
+def train_with_overrides(ctx) -> None:
+    tuned.run_trainer(ctx, build_from_overrides, metric=None)
+
+
+def train_ignoring_the_overrides(ctx) -> None:
+    tuned.run_trainer(ctx, lambda args: hf_trainer.build_trainer(ARGS), ARGS)

@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from autotune import Budget, MissingExtraError, TrialConfig
-from autotune.cli import main
+from autotune.cli import main, print_summary
 from autotune.hardware import Capabilities
 from autotune.integrations import _common
 from autotune.integrations import lightning as tuned_lightning
@@ -174,6 +174,26 @@ def test_the_trainer_space_records_what_training_arguments_cannot_take(hf) -> No
     assert (baseline["precision"], baseline["batch_size"], baseline["optimizer_impl"]) == ("fp32", 16, "default")
 
 
+@pytest.mark.parametrize("function", ["train_with_overrides", "train_ignoring_the_overrides"])
+def test_a_build_function_gets_the_overrides_and_must_use_them(function: str) -> None:
+    import integration_hf
+
+    from autotune.trial._execute import TrialSpec, execute
+
+    config = TrialConfig(precision="bf16", batch_size=8, activation_checkpointing=True, global_batch=16)
+    outcome = execute(TrialSpec(target=f"{integration_hf.WORKLOAD}:{function}", config=config,
+                                budget=Budget(samples=128, warmup_steps=1, windows=3), baseline_batch_size=16))
+    if function == "train_with_overrides":  # the dict form: run_trainer(ctx, build) without args
+        assert outcome.status == "ok", outcome.error
+        saw = outcome.measurement.extras["trainer_saw"]
+        assert (saw["bf16"], saw["per_device_train_batch_size"], saw["gradient_accumulation_steps"]) == (True, 8, 2)
+        assert saw["activation_checkpointing"] is saw["model_checkpointing"] is True  # the model recomputes
+        assert outcome.measurement.metric is None and len(outcome.measurement.losses) == 8
+    else:  # a Trainer built from other arguments would measure a config that was never applied
+        assert outcome.status == "error"
+        assert "WorkloadError: the Trainer's TrainingArguments lack the trial's bf16=True" in outcome.error
+
+
 def test_a_lightning_study_applies_every_knob_to_the_trainer_loader_and_module(lightning) -> None:
     study, result, workload = lightning
     ran = _ran(study)
@@ -214,6 +234,13 @@ def test_autotune_best_prints_the_arguments_to_paste(hf, lightning, capsys: pyte
                      "--storage", f"sqlite:///{studies.parent}/studies.db"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["paste"] == {kind: study.trials[doc["trial"]].user_attrs[extra]}
+        # and `autotune tune`'s summary says it after the verdict
+        print_summary(result, storage=f"sqlite:///{studies.parent}/studies.db", studies_dir=str(studies), top_k=0)
+        out = capsys.readouterr().out
+        if kind == "TrainingArguments":
+            assert "Paste into TrainingArguments(...): bf16=" in out
+        else:
+            assert "Paste into the Lightning script: " in out and "; Trainer(precision=" in out
 
 
 def test_the_pasteable_arguments_of_a_config() -> None:
@@ -224,8 +251,8 @@ def test_the_pasteable_arguments_of_a_config() -> None:
         "bf16": True, "fp16": False, "tf32": True, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 4,
         "torch_compile": True, "torch_compile_mode": "max-autotune", "dataloader_num_workers": 4,
         "dataloader_pin_memory": True, "dataloader_prefetch_factor": 2, "dataloader_persistent_workers": True,
-        "gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
-        "optim": "adamw_torch_fused"}
+        "activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False},
+        "optim": "adamw_torch_fused"}  # transformers 5 names (before it, gradient_checkpointing)
     arguments = tuned_lightning.trainer_arguments(config.replace(activation_checkpointing=False,
                                                                  optimizer_impl="default"), cuda=True)
     assert arguments.trainer == {"precision": "bf16-mixed", "accumulate_grad_batches": 4, "benchmark": False}

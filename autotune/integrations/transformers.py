@@ -15,7 +15,7 @@ Each trial maps its ``TrialConfig`` onto ``TrainingArguments`` (``training_argum
 ``bf16``/``fp16``/``tf32``, the micro-batch onto ``per_device_train_batch_size`` with
 ``gradient_accumulation_steps`` keeping the global batch under ``batch_policy: fixed``, compile onto
 ``torch_compile``/``torch_compile_mode``, the loader knobs onto ``dataloader_*``, activation checkpointing onto
-``gradient_checkpointing`` and the optimizer implementation onto ``optim``. A ``TrainerCallback`` puts the
+``activation_checkpointing`` (``gradient_checkpointing`` before transformers 5) and the optimizer implementation onto ``optim``. A ``TrainerCallback`` puts the
 Trainer's steps on the trial's clock (``ctx.step_clock``: the warm-up, then timed windows with a device
 synchronisation at each end, the input wait inside them), and the loss of each optimizer step is recorded
 on the device for the accuracy verdict. The eval metric comes from ``trainer.evaluate()`` after training.
@@ -72,6 +72,21 @@ def _optim_name(args: Any) -> str:
     return str(getattr(optim, "value", optim)) if optim is not None else ADAMW["fused"]
 
 
+def _checkpointing_fields(args: Any) -> tuple[str, str]:
+    """The names TrainingArguments gives activation checkpointing: ``activation_checkpointing`` from
+    transformers 5.x on, whose old ``gradient_checkpointing`` alias a copy of resolved arguments ignores."""
+    cls = type(args) if args is not None else None
+    if cls is None:
+        try:
+            from transformers import TrainingArguments as cls
+        except ImportError:
+            pass
+    fields = getattr(cls, "__dataclass_fields__", {})
+    if "activation_checkpointing" in fields:
+        return "activation_checkpointing", "activation_checkpointing_kwargs"
+    return "gradient_checkpointing", "gradient_checkpointing_kwargs"
+
+
 def training_arguments(config: TrialConfig, args: Any = None, *, cuda: Optional[bool] = None) -> dict[str, Any]:
     """The ``TrainingArguments`` overrides that apply ``config``: paste them into ``TrainingArguments(...)``.
 
@@ -105,8 +120,9 @@ def training_arguments(config: TrialConfig, args: Any = None, *, cuda: Optional[
         "dataloader_pin_memory": config.pin_memory,
         "dataloader_prefetch_factor": config.prefetch_factor if workers > 0 else None,
         "dataloader_persistent_workers": config.persistent_workers and workers > 0,
-        "gradient_checkpointing": config.activation_checkpointing,
     }
+    checkpointing, checkpointing_kwargs = _checkpointing_fields(args)
+    out[checkpointing] = config.activation_checkpointing
     if cuda:
         out["tf32"] = config.precision != "fp32"  # autotune's TF32 rule: on for every precision but fp32
     else:
@@ -114,7 +130,7 @@ def training_arguments(config: TrialConfig, args: Any = None, *, cuda: Optional[
     if config.compile == "off" and getattr(args, "torch_compile_backend", None):
         out["torch_compile_backend"] = None  # a backend alone turns torch_compile back on
     if config.activation_checkpointing:
-        out["gradient_checkpointing_kwargs"] = {"use_reentrant": False}  # as ctx.checkpoint does
+        out[checkpointing_kwargs] = {"use_reentrant": False}  # as ctx.checkpoint does
     optim = _optim_name(args)
     if optim in ADAMW.values():
         out["optim"] = ADAMW.get(config.optimizer_impl, optim)
@@ -141,7 +157,7 @@ def baseline(args: Any, *, cuda: Optional[bool] = None) -> dict[str, Any]:
         "batch_size": int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps),
         "compile": (args.torch_compile_mode or "default") if args.torch_compile else "off",
         "num_workers": workers,
-        "activation_checkpointing": bool(args.gradient_checkpointing),
+        "activation_checkpointing": bool(getattr(args, _checkpointing_fields(args)[0])),
         "optimizer_impl": "fused" if _optim_name(args) == ADAMW["fused"] else "default",
     }
     if cuda:
@@ -238,7 +254,8 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
         finally:
             meter.close()
         ctx.record("trainer_saw", {**_argument_record(trainer.args), **saw.loader, **meter.evidence(),
-                                   "compiled": saw.compiled, "mixed_precision": str(trainer.accelerator.mixed_precision)})
+                                   "compiled": saw.compiled, "mixed_precision": str(trainer.accelerator.mixed_precision),
+                                   "model_checkpointing": getattr(trainer.model, "is_gradient_checkpointing", None)})
         if metric is None:
             return {}
         if trainer.eval_dataset is None:
@@ -267,11 +284,13 @@ def _value(value: Any) -> Any:
 
 _RECORDED = ("bf16", "fp16", "tf32", "per_device_train_batch_size", "gradient_accumulation_steps", "torch_compile",
              "torch_compile_mode", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
-             "dataloader_persistent_workers", "gradient_checkpointing", "optim", "max_steps")
+             "dataloader_persistent_workers", "optim", "max_steps")
 
 
 def _argument_record(args: Any) -> dict[str, Any]:
-    return {key: _value(getattr(args, key, None)) for key in _RECORDED}
+    record = {key: _value(getattr(args, key, None)) for key in _RECORDED}
+    record["activation_checkpointing"] = bool(getattr(args, _checkpointing_fields(args)[0]))
+    return record
 
 
 class _Saw:
