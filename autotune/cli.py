@@ -381,7 +381,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say(f"Baseline {result.baseline.describe()}: from {result.baseline_source}.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         _say_accuracy(say, result)
-        _say_paste(say, result)
+        if result.faster:  # otherwise the advice is to keep the baseline
+            _say_paste(say, result)
     if result.colocation_warning:
         say(f"[yellow]Warning: {escape(result.colocation_warning)}.[/yellow]")
     if result.best_per_device:

@@ -234,13 +234,13 @@ def test_autotune_best_prints_the_arguments_to_paste(hf, lightning, capsys: pyte
                      "--storage", f"sqlite:///{studies.parent}/studies.db"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["paste"] == {kind: study.trials[doc["trial"]].user_attrs[extra]}
-        # and `autotune tune`'s summary says it after the verdict
+        # and `autotune tune`'s summary says it after the verdict, when the verdict is to change the config
         print_summary(result, storage=f"sqlite:///{studies.parent}/studies.db", studies_dir=str(studies), top_k=0)
         out = capsys.readouterr().out
-        if kind == "TrainingArguments":
-            assert "Paste into TrainingArguments(...): bf16=" in out
-        else:
-            assert "Paste into the Lightning script: " in out and "; Trainer(precision=" in out
+        said = "Paste into TrainingArguments(...): " if kind == "TrainingArguments" else "Paste into the Lightning script: "
+        assert (said in out) == result.faster, out
+        if result.faster:
+            assert ("per_device_train_batch_size=" if kind == "TrainingArguments" else "; Trainer(precision=") in out
 
 
 def test_the_pasteable_arguments_of_a_config() -> None:
