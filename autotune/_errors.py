@@ -35,4 +35,5 @@ class TableError(AutotuneError):
     """A replay table that is missing or malformed."""
 
 
-__all__ = ["AutotuneError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError", "WorkloadError"]
+__all__ = ["AutotuneError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError",
+           "WorkloadError"]

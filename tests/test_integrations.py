@@ -151,7 +151,8 @@ def test_a_trainer_study_applies_every_knob_through_training_arguments(hf) -> No
         assert (saw["loader_num_workers"], saw["loader_persistent_workers"]) == (
             config.num_workers, config.persistent_workers)
         assert saw["torch_compile"] == saw["compiled"] == (config.compile != "off")
-        assert attrs["extra:training_arguments"] == tuned_transformers.training_arguments(config, workload.ARGS, cuda=False)
+        pasted = tuned_transformers.training_arguments(config, workload.ARGS, cuda=False)
+        assert attrs["extra:training_arguments"] == pasted
         # Every planned step was timed or warmed up, and the loss of each of the 8 optimizer steps recorded.
         steps, _, _ = _window_plan(config)
         assert attrs["steps"] == steps and len(attrs["losses"]) == 8
@@ -237,7 +238,8 @@ def test_autotune_best_prints_the_arguments_to_paste(hf, lightning, capsys: pyte
         # and `autotune tune`'s summary says it after the verdict, when the verdict is to change the config
         print_summary(result, storage=f"sqlite:///{studies.parent}/studies.db", studies_dir=str(studies), top_k=0)
         out = capsys.readouterr().out
-        said = "Paste into TrainingArguments(...): " if kind == "TrainingArguments" else "Paste into the Lightning script: "
+        said = {"TrainingArguments": "Paste into TrainingArguments(...): ",
+                "Lightning": "Paste into the Lightning script: "}[kind]
         assert (said in out) == result.faster, out
         if result.faster:
             assert ("per_device_train_batch_size=" if kind == "TrainingArguments" else "; Trainer(precision=") in out
@@ -259,13 +261,14 @@ def test_the_pasteable_arguments_of_a_config() -> None:
     assert arguments.code().splitlines() == [
         "torch.set_float32_matmul_precision('high')",
         "model = torch.compile(model, mode='max-autotune')",
-        "DataLoader(dataset, batch_size=16, num_workers=4, pin_memory=True, prefetch_factor=2, persistent_workers=True)",
+        "DataLoader(dataset, batch_size=16, num_workers=4, pin_memory=True, prefetch_factor=2, "
+        "persistent_workers=True)",
         "Trainer(precision='bf16-mixed', accumulate_grad_batches=4, benchmark=False)",
     ]
 
 
 def test_the_adapters_import_their_library_only_when_used_and_name_the_extra_when_missing() -> None:
-    with pytest.raises(MissingExtraError, match=r"install the 'transformers' extra: pip install 'autotune\[transformers\]'"):
+    with pytest.raises(MissingExtraError, match=r"the 'transformers' extra: pip install 'autotune\[transformers\]'"):
         _common.require("a_library_that_is_not_installed", extra="transformers", needed_by="the test")
     code = """if True:
         import sys

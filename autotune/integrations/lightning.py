@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from autotune._config import ATTENTION_BACKENDS, Result, TrialConfig
-from autotune._errors import KnobError, WorkloadError
+from autotune._errors import WorkloadError
 from autotune.integrations import _common
 from autotune.integrations._common import Unsupported
 from autotune.search._space import SearchSpace
@@ -241,7 +241,7 @@ def run_trainer(ctx: Any, model: Any, datamodule: Any = None, *, trainer: Option
         model, mode=None if config.compile == "default" else config.compile)
     kept = [cb for cb in _as_list(yours.get("callbacks"))
             if not any(base.__name__ in _LEFT_OUT for base in type(cb).__mro__)]
-    left_out = sorted({type(cb).__name__ for cb in _as_list(yours.get("callbacks"))} - {type(cb).__name__ for cb in kept})
+    left_out = sorted(type(cb).__name__ for cb in _as_list(yours.get("callbacks")) if cb not in kept)
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as root:
         kwargs = {**yours, **arguments.trainer, **_TRIAL_ONLY, "max_steps": meter.optimizer_steps,
                   "accelerator": "gpu" if ctx.device.type == "cuda" else "cpu", "default_root_dir": root,
@@ -265,8 +265,9 @@ def run_trainer(ctx: Any, model: Any, datamodule: Any = None, *, trainer: Option
         results = run.validate(model, datamodule=datamodule, verbose=False)
         metrics = {k: float(v) for result in results for k, v in result.items()}
         if metric not in metrics:
-            raise WorkloadError(f"trainer.validate() logged no {metric!r} (it logged {', '.join(sorted(metrics)) or 'nothing'}"
-                                "): log it in validation_step with self.log")
+            logged = ", ".join(sorted(metrics)) or "nothing"
+            raise WorkloadError(f"trainer.validate() logged no {metric!r} (it logged {logged}): log it in "
+                                "validation_step with self.log")
         ctx.report_metric(metrics[metric])
         ctx.record("eval_metrics", metrics)
         return metrics
@@ -292,7 +293,8 @@ def _weights_channels_last(model: Any) -> Optional[bool]:
     return None if weight is None else weight.is_contiguous(memory_format=torch.channels_last)
 
 
-def _trial_loader(make: Callable[[], Any], ctx: Any, yours: Mapping[str, Any], saw: dict[str, Any]) -> Callable[[], Any]:
+def _trial_loader(make: Callable[[], Any], ctx: Any, yours: Mapping[str, Any],
+                  saw: dict[str, Any]) -> Callable[[], Any]:
     """The DataModule's ``train_dataloader``, its DataLoader rebuilt by ``ctx.loader`` with the trial's batch
     size and loader knobs: same dataset, collate and worker functions; a shuffled loader in the order of
     ``ctx.seed`` (the same samples at every batch size), a sequential one in order, another sampler kept."""
@@ -319,7 +321,8 @@ def _trial_loader(make: Callable[[], Any], ctx: Any, yours: Mapping[str, Any], s
         iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)
         sampler = loader.sampler
         shuffle = isinstance(sampler, torch.utils.data.RandomSampler)
-        if not iterable and not isinstance(sampler, (torch.utils.data.RandomSampler, torch.utils.data.SequentialSampler)):
+        plain = (torch.utils.data.RandomSampler, torch.utils.data.SequentialSampler)
+        if not iterable and not isinstance(sampler, plain):
             options["sampler"] = sampler  # the user's own order (weighted, grouped): kept as it is
         rebuilt = ctx.loader(loader.dataset, shuffle=shuffle and not iterable, **options)
         saw.update(loader_batch_size=rebuilt.batch_size, loader_num_workers=rebuilt.num_workers,

@@ -15,7 +15,8 @@ Each trial maps its ``TrialConfig`` onto ``TrainingArguments`` (``training_argum
 ``bf16``/``fp16``/``tf32``, the micro-batch onto ``per_device_train_batch_size`` with
 ``gradient_accumulation_steps`` keeping the global batch under ``batch_policy: fixed``, compile onto
 ``torch_compile``/``torch_compile_mode``, the loader knobs onto ``dataloader_*``, activation checkpointing onto
-``activation_checkpointing`` (``gradient_checkpointing`` before transformers 5) and the optimizer implementation onto ``optim``. A ``TrainerCallback`` puts the
+``activation_checkpointing`` (``gradient_checkpointing`` before transformers 5) and the optimizer
+implementation onto ``optim``. A ``TrainerCallback`` puts the
 Trainer's steps on the trial's clock (``ctx.step_clock``: the warm-up, then timed windows with a device
 synchronisation at each end, the input wait inside them), and the loss of each optimizer step is recorded
 on the device for the accuracy verdict. The eval metric comes from ``trainer.evaluate()`` after training.
@@ -228,7 +229,8 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
         if yours != config.global_batch_size:
             raise WorkloadError(
                 f"TrainingArguments train at a global batch of {yours} (per_device_train_batch_size "
-                f"{args.per_device_train_batch_size} x gradient_accumulation_steps {args.gradient_accumulation_steps}), "
+                f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
+                f"{args.gradient_accumulation_steps}), "
                 f"the study at {config.global_batch_size}: tune with args= (or baseline batch_size={yours}) so that "
                 "batch_policy fixed keeps yours"
             )
@@ -253,9 +255,11 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
             trainer.train()
         finally:
             meter.close()
-        ctx.record("trainer_saw", {**_argument_record(trainer.args), **saw.loader, **meter.evidence(),
-                                   "compiled": saw.compiled, "mixed_precision": str(trainer.accelerator.mixed_precision),
-                                   "model_checkpointing": getattr(trainer.model, "is_gradient_checkpointing", None)})
+        ctx.record("trainer_saw", {
+            **_argument_record(trainer.args), **saw.loader, **meter.evidence(), "compiled": saw.compiled,
+            "mixed_precision": str(trainer.accelerator.mixed_precision),
+            "model_checkpointing": getattr(trainer.model, "is_gradient_checkpointing", None),
+        })
         if metric is None:
             return {}
         if trainer.eval_dataset is None:
