@@ -314,8 +314,8 @@ def _trial_loader(make: Callable[[], Any], ctx: Any, yours: Mapping[str, Any],
             raise WorkloadError(
                 f"the training DataLoader (batch_size {batch_size}) and accumulate_grad_batches {accumulation} train "
                 f"at a global batch of {batch_size * accumulation}, the study at {config.global_batch_size}: tune with "
-                f"loader= and trainer= (or baseline batch_size={batch_size * accumulation}) so that batch_policy "
-                "fixed keeps yours"
+                f"loader= and trainer= (from the shell: --baseline batch_size={batch_size * accumulation}) so that "
+                "batch_policy fixed keeps yours"
             )
         options: dict[str, Any] = {"collate_fn": loader.collate_fn, "worker_init_fn": loader.worker_init_fn}
         iterable = isinstance(loader.dataset, torch.utils.data.IterableDataset)

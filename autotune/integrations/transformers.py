@@ -231,8 +231,8 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
                 f"TrainingArguments train at a global batch of {yours} (per_device_train_batch_size "
                 f"{args.per_device_train_batch_size} x gradient_accumulation_steps "
                 f"{args.gradient_accumulation_steps}), "
-                f"the study at {config.global_batch_size}: tune with args= (or baseline batch_size={yours}) so that "
-                "batch_policy fixed keeps yours"
+                f"the study at {config.global_batch_size}: tune with args= (from the shell: --baseline "
+                f"batch_size={yours}) so that batch_policy fixed keeps yours"
             )
     overrides = training_arguments(config, args, cuda=ctx.device.type == "cuda")
     meter = _common.StepMeter(ctx)
