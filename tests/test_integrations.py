@@ -24,6 +24,7 @@ from autotune.hardware import Capabilities
 from autotune.integrations import _common
 from autotune.integrations import lightning as tuned_lightning
 from autotune.integrations import transformers as tuned_transformers
+from autotune.study import _isolation
 from autotune.study._isolation import preload_in_trial_server
 
 HERE = Path(__file__).resolve().parent
@@ -83,9 +84,18 @@ def _study(tmp: Path, tune, target: str, space_text: str, trials: list[dict], **
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _trial_server_imports_both_trainers() -> None:
+def _trial_server_imports_both_trainers():
     # Each adapter's tune() has the trial server import its library; both at once start the server once.
+    # Afterwards the server goes back to its usual imports, so other tests' restarts of it stay quick.
+    before = list(_isolation._PRELOAD)
     preload_in_trial_server(*tuned_transformers.PRELOAD, *tuned_lightning.PRELOAD)
+    yield
+    _isolation._PRELOAD[:] = before
+    if _isolation._CONTEXT is not None and _isolation._CONTEXT.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver._forkserver._stop()
+        _isolation._CONTEXT.set_forkserver_preload(list(before))
 
 
 @pytest.fixture(scope="module")
