@@ -7,7 +7,8 @@ steady-state throughput and accuracy loss against an fp32 reference, and returns
 from autotune._api import load_best, load_study_result, run
 from autotune._config import Budget, Measurement, Result, TrialConfig, TrialOutcome, TrialRecord
 from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose
-from autotune._errors import AutotuneError, KnobError, ReportError, SpaceError, StudyError, TableError, WorkloadError
+from autotune._errors import (AutotuneError, KnobError, MissingExtraError, ReportError, SpaceError, StudyError,
+                              TableError, WorkloadError)
 from autotune.insight._report import annotate_study, write_report
 from autotune.search._sampler import GuidedSampler
 from autotune.search._simulate import ReplayTable, simulate
@@ -35,6 +36,7 @@ __all__ = [
     "GuidedSampler",
     "KnobError",
     "Measurement",
+    "MissingExtraError",
     "NonFiniteLoss",
     "ReplayTable",
     "ReportError",

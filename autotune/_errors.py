@@ -15,6 +15,10 @@ class WorkloadError(AutotuneError):
     """A training function that cannot be found, imported or run at all."""
 
 
+class MissingExtraError(WorkloadError):
+    """An optional library that a feature needs is not installed; the message names the extra that installs it."""
+
+
 class StudyError(AutotuneError):
     """A study that cannot be created, resumed or read (e.g. a changed search space)."""
 
@@ -31,4 +35,5 @@ class TableError(AutotuneError):
     """A replay table that is missing or malformed."""
 
 
-__all__ = ["AutotuneError", "KnobError", "ReportError", "SpaceError", "StudyError", "TableError", "WorkloadError"]
+__all__ = ["AutotuneError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError",
+           "WorkloadError"]

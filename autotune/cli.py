@@ -387,6 +387,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say(f"Baseline {result.baseline.describe()}: from {result.baseline_source}.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         _say_accuracy(say, result)
+        if result.faster:  # otherwise the advice is to keep the baseline
+            _say_paste(say, result)
     if result.colocation_warning:
         say(f"[yellow]Warning: {escape(result.colocation_warning)}.[/yellow]")
     if result.best_per_device:
@@ -439,6 +441,9 @@ def _best(args: argparse.Namespace) -> int:
 
     study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
     doc = best_config_document(study, result)
+    paste = _paste(doc)
+    if paste:
+        doc["paste"] = {paste[0]: paste[1]}
     doc = _finite(doc)
     if args.format == "yaml":
         import yaml
@@ -447,6 +452,36 @@ def _best(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(doc, indent=2, default=str))
     return 0 if result.best is not None else 1
+
+
+# The trainer adapters record the arguments each trial ran with (autotune.integrations): what to paste.
+PASTE_EXTRAS = {"extra:training_arguments": "TrainingArguments", "extra:lightning_arguments": "Lightning"}
+
+
+def _paste(doc: dict[str, Any]) -> Optional[tuple[str, Any]]:
+    """The best trial's trainer arguments, as its adapter recorded them: (kind, arguments), or None."""
+    measurement = doc.get("measurement") or {}
+    return next(((kind, measurement[key]) for key, kind in PASTE_EXTRAS.items() if measurement.get(key)), None)
+
+
+def _say_paste(say: Any, result: Any) -> None:
+    try:
+        doc = json.loads(Path(result.best_config_path).read_text()) if result.best_config_path else {}
+    except (OSError, ValueError):
+        return
+    paste = _paste(doc)
+    if paste is None:
+        return
+    from rich.markup import escape  # the arguments are Python text, not markup
+
+    kind, arguments = paste
+    if kind == "TrainingArguments":
+        say("Paste into TrainingArguments(...): " + escape(", ".join(f"{k}={v!r}" for k, v in arguments.items())))
+    else:
+        from autotune.integrations.lightning import LightningArguments
+
+        lines = LightningArguments(**arguments).code().splitlines()
+        say("Paste into the Lightning script: " + escape("; ".join(lines)))
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ LAYERS = (
     ("search", ("autotune.search",)),
     ("insight", ("autotune.insight",)),
     ("study", ("autotune.study",)),
+    ("integrations", ("autotune.integrations",)),
     ("top", ("autotune._api", "autotune.cli", "autotune.demo", "autotune.testing", "autotune.__main__", "autotune")),
 )
 

@@ -15,7 +15,8 @@ from autotune._records import summarize_study
 from autotune.study._results import best_config_document
 
 PUBLIC_NAMES = [
-    "AutotuneError", "Budget", "Diagnosis", "GuidedSampler", "KnobError", "Measurement", "NonFiniteLoss",
+    "AutotuneError", "Budget", "Diagnosis", "GuidedSampler", "KnobError", "Measurement", "MissingExtraError",
+    "NonFiniteLoss",
     "ReplayTable", "ReportError", "Result", "SearchSpace", "SpaceError", "StudyError", "TableError", "TrialConfig",
     "TrialContext", "TrialOutcome", "TrialRecord", "Tuner", "WorkloadError", "annotate_study", "annotate_trials",
     "applied", "diagnose", "load_best", "load_space", "load_study_result", "run", "simulate", "write_report",
@@ -46,7 +47,7 @@ CONFIG_FIELDS = [
 CONTEXT_HELPERS = {
     "model", "optimizer", "loader", "image_loader", "train_step", "attention", "checkpoint", "autocast",
     "to_device", "batches", "record_loss", "record_window", "report_metric", "record", "lr_scale", "lr_scale_sqrt",
-    "measurement",
+    "measurement", "step_clock",
 }
 TRAIN_STEP_OPTIONS = {"model", "optimizer", "loss_fn", "clip_grad_norm", "scheduler"}
 

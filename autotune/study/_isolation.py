@@ -34,6 +34,9 @@ COMPILE_POLL_SECONDS = 0.25  # how often a compiling trial's clock is read: the 
 
 
 _CONTEXT: Optional[Any] = None
+# Import torch once in the server (it does not initialise CUDA), not once per trial. Building any torch.optim
+# optimizer imports torch._dynamo (seconds on a small CPU), so preload it too.
+_PRELOAD = ["torch", "torch._dynamo", "autotune.trial._context", "autotune.trial._execute"]
 
 
 def _mp_context() -> Any:
@@ -41,12 +44,28 @@ def _mp_context() -> Any:
     if _CONTEXT is None:
         if "forkserver" in multiprocessing.get_all_start_methods():
             _CONTEXT = multiprocessing.get_context("forkserver")
-            # Import torch once in the server (it does not initialise CUDA), not once per trial. Building
-            # any torch.optim optimizer imports torch._dynamo (seconds on a small CPU), so preload it too.
-            _CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "autotune.trial._context", "autotune.trial._execute"])
+            _CONTEXT.set_forkserver_preload(list(_PRELOAD))
         else:
             _CONTEXT = multiprocessing.get_context("spawn")
     return _CONTEXT
+
+
+def preload_in_trial_server(*modules: str) -> None:
+    """Have the trial server import ``modules`` as well, so that each trial does not (a trainer library: seconds).
+
+    Call it between studies, with no trial running: a server already started without them is stopped, and
+    the next trial starts it again with them. Only modules that import without touching CUDA belong here
+    (trials are forked from the server); one that fails to import is left to the trials.
+    """
+    new = [m for m in modules if m not in _PRELOAD]
+    if not new:
+        return
+    _PRELOAD.extend(new)
+    if _CONTEXT is not None and _CONTEXT.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver._forkserver._stop()  # a no-op when it has not started
+        _CONTEXT.set_forkserver_preload(list(_PRELOAD))
 
 
 def start_trial_server() -> None:

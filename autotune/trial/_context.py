@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
@@ -21,6 +23,11 @@ _IMAGE_LAYERS = (torch.nn.Conv2d, torch.nn.ConvTranspose2d, torch.nn.BatchNorm2d
                  torch.nn.AvgPool2d, torch.nn.AdaptiveAvgPool2d)
 MAX_TRAJECTORY = 512  # points of a trial's stored loss trajectory; longer ones are averaged into bins
 LOSS_SLACK = 16  # loss slots past the planned steps, for a train_fn that steps a little more
+
+
+def has_4d_activations(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has layers with (N, C, H, W) activations, the ones channels_last changes."""
+    return any(isinstance(m, _IMAGE_LAYERS) for m in module.modules())
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -90,7 +97,7 @@ class TrialContext:
     def model(self, module: torch.nn.Module) -> torch.nn.Module:
         """Move to the device, apply channels_last and torch.compile as configured."""
         # Whether channels_last can matter (image layers): the search and the hints read it.
-        self.extras.setdefault("activations_4d", any(isinstance(m, _IMAGE_LAYERS) for m in module.modules()))
+        self.extras.setdefault("activations_4d", has_4d_activations(module))
         return _knobs.prepare_model(module, self.config, self.device)
 
     def optimizer(self, cls: type, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
@@ -265,6 +272,18 @@ class TrialContext:
             )
         return steps, warmup, window_steps
 
+    def step_clock(self) -> "StepClock":
+        """The budget's warm-up and timed windows for a loop that autotune does not drive (a trainer's).
+
+        ``ctx.batches`` runs on the same clock; ``autotune.integrations`` feed it from a trainer's callbacks.
+
+        Raises:
+            KnobError: outside a study (no budget), or the budget leaves no timed window.
+        """
+        if self.budget is None:
+            raise KnobError("ctx.step_clock() times a study's trial: outside a study there is no budget")
+        return StepClock(self)
+
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Yield device batches: warm-up steps, then the timed windows, until the budget is spent.
 
@@ -281,67 +300,37 @@ class TrialContext:
             for batch in loader:
                 yield self._move(batch)
             return
-        steps, warmup, window_steps = self._plan()
-        timed_end = warmup + window_steps * self.budget.windows
-        sampler = self._gpu_sampler()
-        stalls = _DeviceInputWait(self.device)
+        clock = StepClock(self)
         iterator = iter(loader)
         order = _resumable_order(loader)
-        restart_at = warmup // 2 if warmup >= 2 and order is not None else None
+        restart_at = clock.warmup // 2 if clock.warmup >= 2 and order is not None else None
         epoch_samples = 0
-        start = time.perf_counter()
-        for step in range(steps):
-            if step == restart_at:
-                assert order is not None
-                order.resume_at(epoch_samples)  # same samples, same order: only the backlog is dropped
-                iterator = iter(loader)
-            if step >= warmup and step < timed_end and (step - warmup) % window_steps == 0:
-                self.recorder.begin_window()
-                if sampler is not None and step == warmup:
-                    sampler.start()
-            fetch = time.perf_counter()
-            mark = stalls.begin() if self.recorder.in_window else None
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                iterator = iter(loader)
-                epoch_samples = 0
-                batch = next(iterator, None)
-                if batch is None:
-                    raise KnobError(
-                        f"the loader yields no batch of {self.config.batch_size} (is the dataset smaller than "
-                        "the batch? ctx.loader drops incomplete batches)"
-                    ) from None
-            batch = self._move(batch)
-            wait = time.perf_counter() - fetch
-            stalls.end(mark, wait)
-            if step == 0 and self.config.compile != "off":
-                # The first compiled step compiles: it runs on the compile clock (the compile deadline).
-                with _phase.compiling():
-                    yield batch
-                    synchronize(self.device)
-            else:
+        try:
+            for step in range(clock.steps):
+                if step == restart_at:
+                    assert order is not None
+                    order.resume_at(epoch_samples)  # same samples, same order: only the backlog is dropped
+                    iterator = iter(loader)
+                clock.begin()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    iterator = iter(loader)
+                    epoch_samples = 0
+                    batch = next(iterator, None)
+                    if batch is None:
+                        raise KnobError(
+                            f"the loader yields no batch of {self.config.batch_size} (is the dataset smaller than "
+                            "the batch? ctx.loader drops incomplete batches)"
+                        ) from None
+                batch = self._move(batch)
+                clock.fetched()
                 yield batch
-            samples = _batch_len(batch)
-            epoch_samples += samples
-            self._steps_done += 1
-            self._samples_done += samples
-            if self.recorder.in_window:
-                self.recorder.add(samples, wait)
-            if step == 0:
-                synchronize(self.device)
-                self.recorder.first_step_seconds = time.perf_counter() - start
-            if step + 1 == warmup:
-                synchronize(self.device)
-                self.recorder.warmup_seconds = time.perf_counter() - start
-            if step + 1 > warmup and step + 1 <= timed_end and (step + 1 - warmup) % window_steps == 0:
-                window = self.recorder.end_window()
-                window.data_wait_seconds += stalls.collect()
-                if step + 1 == timed_end:
-                    self._stop_sampling(sampler)
-                self._check_finite()
-                if len(self.recorder.windows) == 1:
-                    self._check_hopeless(sampler)
+                samples = batch_length(batch)
+                epoch_samples += samples
+                clock.end(samples)
+        finally:
+            clock.close()
         self._check_finite()
 
     def _gpu_sampler(self) -> Any:
@@ -376,6 +365,10 @@ class TrialContext:
         return bin_means(losses, MAX_TRAJECTORY)
 
     def _check_finite(self) -> None:
+        recorded = self._recorded_losses[-1] if self._recorded_losses else None
+        if recorded is not None and self.config.precision != "fp16" and not bool(torch.isfinite(recorded)):
+            # fp16 is left to its scaler, which skips non-finite steps by design (as below)
+            raise NonFiniteLoss(f"training loss is {recorded.item()} at step {self._steps_done}")
         for step in self._train_steps:
             if step.scaler is not None:
                 continue  # the scaler skips non-finite steps by design; skips are counted instead
@@ -447,6 +440,105 @@ class TrialContext:
             losses=losses,
             loss_every=every,
         )
+
+
+class StepClock:
+    """The timed windows of one trial over its steps (micro-batches), whoever drives the loop.
+
+    Each step is ``begin()`` before it fetches its batch, ``fetched()`` once the batch is on the device, and
+    ``end(samples)`` after the step's work was queued. Over ``steps`` steps it keeps the budget's plan: the
+    warm-up (whose first step runs on the compile clock when the config compiles), then ``windows`` timed
+    windows of ``window_steps`` steps, each opened and closed with a device synchronisation, with the input
+    wait of every step inside it; after the first window the trial may be pruned, and the loss is checked
+    at every window's end. Steps after the last window still train (the loss trajectory), untimed.
+
+    ``ctx.batches`` drives it from its own loop; the trainer adapters (``autotune.integrations``) from a
+    trainer's callbacks, so a trainer's start-up before its first step and the evaluation after its last are
+    never inside a window.
+    """
+
+    def __init__(self, ctx: TrialContext) -> None:
+        self.ctx = ctx
+        self.steps, self.warmup, self.window_steps = ctx._plan()
+        assert ctx.budget is not None
+        self.timed_end = self.warmup + self.window_steps * ctx.budget.windows
+        self.step = 0  # steps ended so far
+        self._sampler = ctx._gpu_sampler()
+        self._stalls = _DeviceInputWait(ctx.device)
+        self._start: Optional[float] = None
+        self._fetch = 0.0
+        self._mark: Any = None
+        self._wait = 0.0
+        self._compiling: Optional[contextlib.AbstractContextManager] = None
+
+    @property
+    def done(self) -> bool:
+        """Every step of the budget has ended."""
+        return self.step >= self.steps
+
+    def begin(self) -> None:
+        """The next step starts: a timed window opens first when one is due, then the step fetches its batch."""
+        step, recorder = self.step, self.ctx.recorder
+        if self._start is None:
+            self._start = time.perf_counter()
+        if self.warmup <= step < self.timed_end and (step - self.warmup) % self.window_steps == 0:
+            recorder.begin_window()
+            if self._sampler is not None and step == self.warmup:
+                self._sampler.start()
+        self._fetch = time.perf_counter()
+        self._mark = self._stalls.begin() if recorder.in_window else None
+
+    def fetched(self) -> float:
+        """The step has its batch on the device; returns the seconds it waited for it."""
+        self._wait = time.perf_counter() - self._fetch
+        self._stalls.end(self._mark, self._wait)
+        self._mark = None
+        if self.step == 0 and self.ctx.config.compile != "off":
+            # The first compiled step compiles: it runs on the compile clock (the compile deadline).
+            self._compiling = _phase.compiling()
+            self._compiling.__enter__()
+        return self._wait
+
+    def end(self, samples: int) -> None:
+        """The step's work is queued: count its samples, and close the warm-up or a window when it ends here.
+
+        Raises:
+            NonFiniteLoss: the loss is not finite at a window's end.
+            TrialPruned: the first window ran below the pruning threshold.
+        """
+        ctx, step, recorder = self.ctx, self.step, self.ctx.recorder
+        if self._compiling is not None:
+            synchronize(ctx.device)
+            self._leave_compile_clock()
+        ctx._steps_done += 1
+        ctx._samples_done += samples
+        self.step += 1
+        if recorder.in_window:
+            recorder.add(samples, self._wait)
+        assert self._start is not None, "StepClock.end() without begin()"
+        if step == 0:
+            synchronize(ctx.device)
+            recorder.first_step_seconds = time.perf_counter() - self._start
+        if step + 1 == self.warmup:
+            synchronize(ctx.device)
+            recorder.warmup_seconds = time.perf_counter() - self._start
+        if self.warmup < step + 1 <= self.timed_end and (step + 1 - self.warmup) % self.window_steps == 0:
+            window = recorder.end_window()
+            window.data_wait_seconds += self._stalls.collect()
+            if step + 1 == self.timed_end:
+                ctx._stop_sampling(self._sampler)
+            ctx._check_finite()
+            if len(recorder.windows) == 1:
+                ctx._check_hopeless(self._sampler)
+
+    def close(self) -> None:
+        """The loop ended, or failed: a first step still on the compile clock leaves it."""
+        self._leave_compile_clock()
+
+    def _leave_compile_clock(self) -> None:
+        if self._compiling is not None:
+            compiling, self._compiling = self._compiling, None
+            compiling.__exit__(None, None, None)
 
 
 class DataOrder(torch.utils.data.Sampler):
@@ -536,11 +628,14 @@ class _DeviceInputWait:
         return extra
 
 
-def _batch_len(batch: Any) -> int:
+def batch_length(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (in nested lists, tuples and dicts)."""
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        try:
+            return batch_length(item)
+        except TypeError:
+            continue
     raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")

@@ -28,6 +28,7 @@ class Window:
     steps: int
     samples: int
     data_wait_seconds: float
+    started: float = 0.0  # time.perf_counter() when it began (0: a window the user's loop measured)
 
     @property
     def throughput(self) -> float:
@@ -65,7 +66,7 @@ class WindowRecorder:
     def end_window(self) -> Window:
         assert self._start is not None, "end_window without begin_window"
         synchronize(self.device)
-        window = Window(time.perf_counter() - self._start, self._steps, self._samples, self._wait)
+        window = Window(time.perf_counter() - self._start, self._steps, self._samples, self._wait, started=self._start)
         self.windows.append(window)
         self._start = None
         return window
