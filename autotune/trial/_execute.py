@@ -108,17 +108,22 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
     """
     import torch
 
-    from autotune.trial import _knobs, _phase
+    from autotune.trial import _distributed, _knobs, _phase
     from autotune.trial._context import TrialContext, TrialPruned
 
     start = time.perf_counter()
     if compile_clock_path is not None and spec.config.compile != "off":
         _phase.install(compile_clock_path, spec.config.compile)
+    rank = _distributed.rank_from_env()
     try:
         fn = load_target(spec.target)
-        device = _knobs.pick_device()
+        device = _distributed.device_for(rank) if rank is not None else _knobs.pick_device()
         if spec.memory_limit_gib is not None and device.type == "cpu":
             _limit_address_space(spec.memory_limit_gib)
+        if rank is not None:
+            if device.type == "cpu" and spec.config.cpu_threads is None:
+                _share_cores(rank.world_size)
+            _distributed.start(rank, device)
         torch.manual_seed(spec.seed)
         with _knobs.applied(spec.config, device):
             ctx = TrialContext(
@@ -146,10 +151,26 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
             measurement = ctx.measurement()
         return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
+        rank = None  # a failed rank leaves its group to the process's exit: a teardown may wait on a dead peer
         traceback.print_exc()
         status = "error" if isinstance(exc, WorkloadError) else classify_exception(
             exc, memory_limited=spec.memory_limit_gib is not None)
         return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
+    finally:
+        if rank is not None:
+            try:
+                _distributed.stop()
+            except Exception:  # noqa: BLE001 - a peer that died leaves the group broken; the result stands
+                pass
+
+
+def _share_cores(ranks: int) -> None:
+    """Give each CPU rank its share of the cores (torch would start as many threads as cores in every rank)."""
+    import torch
+
+    from autotune.hardware._machine import usable_cpus
+
+    torch.set_num_threads(max(1, usable_cpus() // ranks))
 
 
 def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
