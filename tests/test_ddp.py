@@ -18,7 +18,7 @@ from autotune import Budget, SearchSpace, SpaceError, TrialConfig, Tuner
 from autotune.hardware import Capabilities
 from autotune.insight._diagnose import COMMUNICATION_BOUND, COMPUTE_BOUND, diagnose
 from autotune.search._space import parse_space, restrict_to
-from autotune.study._isolation import ProcessFiles, launch, run_isolated
+from autotune.study._isolation import ProcessFiles, launch, run_isolated, start_trial_server
 from autotune.trial._execute import TrialSpec
 from ddp_workloads import DDP_WORKLOADS, PIDDIR_ENV
 
@@ -94,6 +94,7 @@ def test_a_failing_rank_fails_the_trial_by_name(tmp_path: Path) -> None:
 
 
 def test_a_timeout_kills_every_rank_and_its_children(tmp_path: Path) -> None:
+    start_trial_server()  # its start-up (torch's import) would otherwise eat the short deadline
     piddir = tmp_path / "pids"
     piddir.mkdir()
     config = TrialConfig(batch_size=16, processes_per_trial=2)

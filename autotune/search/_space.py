@@ -194,7 +194,8 @@ class SearchSpace:
             processes_per_trial=processes, global_batch=None, batch_policy="scale"))
         stated = self.global_batch if self.batch_policy == "fixed" and self.global_batch_stated else None
         space = _with_policy(space, self.batch_policy, stated, where)
-        return dataclasses.replace(space, global_batch_stated=self.global_batch_stated)
+        _check_budget(space, where)
+        return space
 
     def with_baseline(self, values: dict[str, Any], *, where: str = "--baseline") -> "SearchSpace":
         """This space with some of its baseline's knobs set otherwise (checked as ``baseline:`` in YAML is).
@@ -502,14 +503,18 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
         global_batch_stated=global_batch is not None,
     )
     space = _with_policy(space, policy, global_batch, where)
-    largest = space.max_batch_size()
+    _check_budget(space, where)
+    return space
+
+
+def _check_budget(space: SearchSpace, where: str) -> None:
+    budget, largest, processes = space.budget, space.max_batch_size(), space.processes_per_trial
     if budget.samples < budget.min_samples_for(largest * processes):
         ranks = f" x {processes} ranks" if processes > 1 else ""
         raise SpaceError(
             f"{where}: budget.samples: {budget.samples} is too few for batch {largest}{ranks} "
             f"(needs {budget.min_samples_for(largest * processes)} = batch{ranks} x (warmup_steps + windows))"
         )
-    return space
 
 
 def _check_processes(processes: Any, where: str) -> None:

@@ -242,11 +242,11 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
                 break
             alive = [p.sentinel for i, p in enumerate(procs) if i not in order]
             multiprocessing.connection.wait(alive, min(COMPILE_POLL_SECONDS, left) if watch_compile else left)
-            for i, proc in enumerate(procs):
-                if i not in order and not proc.is_alive():
-                    order[i] = len(order)
-                    outcome = _result(files[i].result, "", 0.0)
-                    failed = failed or outcome is None or outcome.status not in ("ok", "pruned")
+            ended = [i for i, proc in enumerate(procs) if i not in order and not proc.is_alive()]
+            for i in sorted(ended, key=lambda i: _ended_at(files[i])):
+                order[i] = len(order)
+                outcome = _result(files[i].result, "", 0.0)
+                failed = failed or outcome is None or outcome.status not in ("ok", "pruned")
             if watch_compile:
                 assert compile_timeout is not None
                 for i, (spec, where) in enumerate(zip(specs, files)):
@@ -285,6 +285,15 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
         ends.append(ProcessEnd(index=i, exitcode=proc.exitcode or 0, outcome=_result(files[i].result, tail, wall),
                                killed=i in killed, order=order.get(i, last), files=files[i]))
     return Launch(ends=tuple(ends), wall_seconds=wall, timed_out=timed_out, compile_over=compile_over)
+
+
+def _ended_at(files: ProcessFiles) -> tuple[int, int]:
+    """Which of the processes seen ended at one poll ended first: one that died without a result (its peers'
+    errors about the lost connection follow), then by when each wrote its result."""
+    try:
+        return 1, files.result.stat().st_mtime_ns
+    except OSError:
+        return 0, 0
 
 
 def rank_specs(spec: TrialSpec) -> list[TrialSpec]:
