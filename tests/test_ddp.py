@@ -236,3 +236,14 @@ def test_a_study_runs_two_rank_trials(study) -> None:
     assert loaded.user_attrs["space"]["processes_per_trial"] == 2
     assert study.baseline.processes_per_trial == 2 and study.baseline.global_batch_size == 64
     assert not any(k.startswith(("static_graph", "grad_compression")) for k in study.removed_knobs)
+
+
+def test_nproc_per_trial_reaches_the_tuner_and_is_checked() -> None:
+    from autotune import cli
+
+    args = cli.build_parser().parse_args(["tune", "examples/train.py:train", "--nproc-per-trial", "2"])
+    assert cli._tuner(args, "examples/train.py:train").options.search.processes_per_trial == 2
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["tune", "examples/train.py:train", "--nproc-per-trial", "0"])
+    with pytest.raises(ValueError, match="processes_per_trial must be a positive integer"):
+        Tuner("examples/train.py:train", processes_per_trial=0)
