@@ -116,7 +116,7 @@ def test_launch_can_let_independent_copies_run_on(tmp_path: Path) -> None:
     ok = TrialSpec(target=f"{workloads.WORKLOADS}:train_tiny", config=TrialConfig(batch_size=16),
                    budget=Budget(samples=512, warmup_steps=1, windows=3))
     bad = TrialSpec(target=f"{workloads.WORKLOADS}:raise_value_error", config=TrialConfig(), budget=Budget())
-    files = [ProcessFiles(tmp_path / str(i)) for i in range(2)]
+    files = [ProcessFiles(folder=tmp_path / str(i)) for i in range(2)]
     for where in files:
         where.prepare()
     done = launch([bad, ok], files, timeout=60, stop_on_failure=False)

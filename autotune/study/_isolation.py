@@ -134,7 +134,7 @@ def _result(result_path: Path, tail: str, wall: float) -> Optional[TrialOutcome]
     return dataclasses.replace(outcome, wall_seconds=wall)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProcessFiles:
     """Where one trial process writes: its log (stdout and stderr), compile clock and result."""
 
@@ -159,7 +159,7 @@ class ProcessFiles:
             stale.unlink(missing_ok=True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProcessEnd:
     """How one process of a launch ended.
 
@@ -184,7 +184,7 @@ class ProcessEnd:
         return not self.killed and (self.outcome is None or self.outcome.status not in ("ok", "pruned"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Launch:
     """What a set of trial processes did, as ``launch`` saw it."""
 
@@ -309,7 +309,7 @@ def rank_specs(spec: TrialSpec) -> list[TrialSpec]:
 
 def rank_files(workdir: Path, ranks: int) -> list[ProcessFiles]:
     """Rank 0 writes in the trial's folder (as a one-process trial does), rank k in ``rank<k>/`` inside it."""
-    return [ProcessFiles(workdir if rank == 0 else workdir / f"rank{rank}") for rank in range(ranks)]
+    return [ProcessFiles(folder=workdir if rank == 0 else workdir / f"rank{rank}") for rank in range(ranks)]
 
 
 def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,

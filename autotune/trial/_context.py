@@ -488,7 +488,6 @@ class TrialContext:
             loss_every=every,
         )
 
-
     def _record_ranks(self) -> None:
         """What the DDP knobs did, with the measurement: the all-reduce's share of the timed windows and
         the micro-steps run under ``no_sync()``."""

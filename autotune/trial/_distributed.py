@@ -24,7 +24,7 @@ from autotune._errors import KnobError
 GROUP_TIMEOUT_SECONDS = 1800
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Rank:
     """Where this process stands in its trial's job."""
 

@@ -13,6 +13,7 @@ import torch
 from autotune._config import TrialConfig
 from autotune._errors import KnobError, WorkloadError
 from autotune.hardware._machine import SDPA_BACKENDS
+from autotune.trial._distributed import find_ddp
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as torch's docs prescribe
@@ -305,8 +306,6 @@ class TrainStep:
         self.use_graph = config.cuda_graphs
         if self.use_graph and device.type != "cuda":
             raise KnobError("cuda_graphs needs a CUDA device")
-        from autotune.trial._distributed import find_ddp
-
         self._ddp = find_ddp(model)  # from ctx.ddp: micro-steps that only accumulate run under no_sync()
         self.no_sync_steps = 0
         self._ddp_synced = False  # a backward of the DDP model has all-reduced

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from autotune._config import Measurement
+from autotune.trial import _distributed
 
 
 def synchronize(device: torch.device) -> None:
@@ -53,8 +54,6 @@ class WindowRecorder:
     def begin_window(self) -> None:
         synchronize(self.device)
         if self.distributed:
-            from autotune.trial import _distributed
-
             _distributed.barrier(self.device)
         self._start = time.perf_counter()
         self._steps = self._samples = 0
@@ -74,8 +73,6 @@ class WindowRecorder:
         synchronize(self.device)
         window = Window(time.perf_counter() - self._start, self._steps, self._samples, self._wait)
         if self.distributed:
-            from autotune.trial import _distributed
-
             seconds, samples, wait = _distributed.agree_window(window.seconds, window.samples,
                                                                window.data_wait_seconds, self.device)
             window = Window(seconds, window.steps, samples, wait)

@@ -43,7 +43,7 @@ DDP_SPACE = {"bucket_cap_mb": [10, 25, 50, 100], "gradient_as_bucket_view": [Fal
              "static_graph": [False, True], "grad_compression": ["none", "bf16"]}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Workload:
     """One model to tune: its target and its spaces for one GPU and for two ranks."""
 
@@ -60,33 +60,35 @@ def workloads(tiny: bool) -> list[Workload]:
         budget = {"samples": 256, "warmup_steps": 2, "windows": 3}
         compute = {"precision": ["fp32"], "batch_size": [8, 16]}
         return [
-            Workload("resnet50", resnet, {"knobs": compute, "baseline": {"batch_size": 8}, "batch_policy": "scale",
-                                          "budget": budget},
-                     {"knobs": {**compute, "bucket_cap_mb": [1, 25], "grad_compression": ["none", "bf16"]},
-                      "baseline": {"batch_size": 8}, "batch_policy": "scale", "budget": budget}),
-            Workload("gpt", gpt, {"knobs": {"batch_size": [16, 32]}, "baseline": {"batch_size": 32},
-                                  "global_batch": 32, "budget": budget},
-                     {"knobs": {"batch_size": [8, 16], "static_graph": [False, True]}, "baseline": {"batch_size": 16},
-                      "global_batch": 32, "budget": budget}),
+            Workload(name="resnet50", target=resnet,
+                     one_gpu={"knobs": compute, "baseline": {"batch_size": 8}, "batch_policy": "scale",
+                              "budget": budget},
+                     two_ranks={"knobs": {**compute, "bucket_cap_mb": [1, 25], "grad_compression": ["none", "bf16"]},
+                                "baseline": {"batch_size": 8}, "batch_policy": "scale", "budget": budget}),
+            Workload(name="gpt", target=gpt,
+                     one_gpu={"knobs": {"batch_size": [16, 32]}, "baseline": {"batch_size": 32}, "global_batch": 32,
+                              "budget": budget},
+                     two_ranks={"knobs": {"batch_size": [8, 16], "static_graph": [False, True]},
+                                "baseline": {"batch_size": 16}, "global_batch": 32, "budget": budget}),
         ]
     compute = {"precision": ["fp32", "bf16"], "channels_last": [False, True], "compile": ["off", "default"]}
+    lm = {"precision": ["fp32", "bf16"], "compile": ["off", "default"]}
     return [
-        Workload("resnet50", resnet,
-                 {"knobs": {**compute, "batch_size": [64, 128, 256, 512], "cuda_graphs": [False, True]},
-                  "baseline": {"batch_size": 64}, "batch_policy": "scale",
-                  "budget": {"samples": 16384, "warmup_steps": 5, "windows": 3}},
-                 {"knobs": {**compute, "batch_size": [64, 128, 256, 512], **DDP_SPACE},
-                  "baseline": {"batch_size": 64}, "batch_policy": "scale",
-                  "budget": {"samples": 32768, "warmup_steps": 5, "windows": 3}}),
-        Workload("gpt", gpt,
-                 {"knobs": {"precision": ["fp32", "bf16"], "compile": ["off", "default"], "batch_size": [8, 16, 32, 64],
-                            "cuda_graphs": [False, True]},
-                  "baseline": {"batch_size": 64}, "global_batch": 64,
-                  "budget": {"samples": 3072, "warmup_steps": 4, "windows": 3}},
-                 {"knobs": {"precision": ["fp32", "bf16"], "compile": ["off", "default"], "batch_size": [8, 16, 32],
-                            **DDP_SPACE},
-                  "baseline": {"batch_size": 32}, "global_batch": 64,
-                  "budget": {"samples": 3072, "warmup_steps": 4, "windows": 3}}),
+        Workload(name="resnet50", target=resnet,
+                 one_gpu={"knobs": {**compute, "batch_size": [64, 128, 256, 512], "cuda_graphs": [False, True]},
+                          "baseline": {"batch_size": 64}, "batch_policy": "scale",
+                          "budget": {"samples": 16384, "warmup_steps": 5, "windows": 3}},
+                 two_ranks={"knobs": {**compute, "batch_size": [64, 128, 256, 512], **DDP_SPACE},
+                            "baseline": {"batch_size": 64}, "batch_policy": "scale",
+                            "budget": {"samples": 32768, "warmup_steps": 5, "windows": 3}}),
+        Workload(name="gpt", target=gpt,
+                 one_gpu={"knobs": {**lm, "batch_size": [8, 16, 32, 64], "cuda_graphs": [False, True]},
+                          "baseline": {"batch_size": 64}, "global_batch": 64,
+                          "budget": {"samples": 3072, "warmup_steps": 4, "windows": 3}},
+                 # 32 sequences on each of 2 ranks is the global 64 without accumulation: the default DDP job.
+                 two_ranks={"knobs": {**lm, "batch_size": [8, 16, 32], **DDP_SPACE},
+                            "baseline": {"batch_size": 32}, "global_batch": 64,
+                            "budget": {"samples": 3072, "warmup_steps": 4, "windows": 3}}),
     ]
 
 
