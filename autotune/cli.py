@@ -485,6 +485,8 @@ def _spaces(args: argparse.Namespace) -> int:
             failed += 1
             continue
         policy = f"fixed at global batch {space.global_batch}" if space.batch_policy == "fixed" else "scale"
+        if space.processes_per_trial > 1:
+            policy += f"; {space.processes_per_trial} processes per trial"
         print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs, batch policy {policy})  "
                   f"{space.description}")
     return 1 if failed else 0
