@@ -104,7 +104,8 @@ class TrialConfig:
         step = self.batch_size * self.processes_per_trial  # samples of one micro-step over every rank
         if self.global_batch is not None and (self.global_batch < step or self.global_batch % step):
             ranks = f" x {self.processes_per_trial} ranks" if self.processes_per_trial > 1 else ""
-            raise ValueError(f"micro-batch {self.batch_size}{ranks} does not divide the global batch {self.global_batch}")
+            raise ValueError(
+                f"micro-batch {self.batch_size}{ranks} does not divide the global batch {self.global_batch}")
 
     @property
     def global_batch_size(self) -> int:

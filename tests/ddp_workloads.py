@@ -76,3 +76,18 @@ def hang_every_rank(ctx) -> None:
     sleeper = subprocess.Popen(["sleep", "1000"])
     (folder / f"rank{ctx.rank}.pids").write_text(f"{os.getpid()} {sleeper.pid}")
     time.sleep(1000)
+
+
+def fail_on_rank_1_then_linger(ctx) -> None:
+    """Rank 1 fails, then outlives the peer its failure brings down: it closes its process group a second
+    later (rank 0's all-reduce then fails too) and keeps exiting for three more seconds."""
+    import threading
+
+    def close_late() -> None:
+        time.sleep(1.0)
+        dist.destroy_process_group()
+        time.sleep(3.0)
+
+    if ctx.rank == 1:
+        threading.Thread(target=close_late).start()  # not a daemon: the process waits for it at exit
+    fail_on_rank_1(ctx)

@@ -558,9 +558,9 @@ def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], w
         micro = tuple(v for v in declared.values if v * ranks <= total)
         above = [_fmt(v) for v in declared.values if v * ranks > total]
         if above:
-            removed[f"batch_size={','.join(above)}"] = (f"above the global batch {total}{per_rank.replace(' x ', ' over ')} "
-                                                        "(batch_policy fixed: the batch knob is the micro-batch; "
-                                                        "batch_policy scale lets it grow)")
+            over = per_rank.replace(" x ", " over ")
+            removed[f"batch_size={','.join(above)}"] = (f"above the global batch {total}{over} (batch_policy fixed: the "
+                                                        "batch knob is the micro-batch; batch_policy scale lets it grow)")
         if micro:
             knobs["batch_size"] = Knob("batch_size", choices=micro)
     return dataclasses.replace(space, knobs=knobs, removed=removed, declared_batch_sizes=declared,

@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 from autotune._config import TrialOutcome
 from autotune.study._signals import track_group, untrack_group
-from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, TrialSpec, _child
+from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, RANKS_ENV, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
 
 STDERR_TAIL_CHARS = 2000
@@ -168,20 +168,24 @@ class ProcessEnd:
         exitcode: Its exit code, negative for a signal (as multiprocessing reports it).
         outcome: What it wrote as its result, or ``None``.
         killed: The launcher killed it (a deadline, or another process of the launch failed first).
-        order: When it ended among the others, from 0 (processes killed together share the last place).
+        ended_at: When it ended (``time.time()``): the moment it wrote its result by its own clock, else when
+            the launcher saw it exit; infinite when it was killed without a result.
     """
 
     index: int
     exitcode: int
     outcome: Optional[TrialOutcome]
     killed: bool
-    order: int
+    ended_at: float
     files: ProcessFiles
 
     @property
     def failed(self) -> bool:
-        """Ended by itself without an ok (or pruned) result."""
-        return not self.killed and (self.outcome is None or self.outcome.status not in ("ok", "pruned"))
+        """It wrote a result that is not ok (or pruned), or exited by itself without one. A process killed
+        after it wrote its failure (it was still exiting) counts: it failed first."""
+        if self.outcome is not None:
+            return self.outcome.status not in ("ok", "pruned")
+        return not self.killed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,8 +199,11 @@ class Launch:
 
     @property
     def first_failure(self) -> Optional[ProcessEnd]:
+        """The process that failed first. A rank that fails makes its peers fail soon after (their
+        collectives lose it), and may still be exiting when they have: the time each failure was written,
+        not the order of the exits, tells them apart."""
         failed = [end for end in self.ends if end.failed]
-        return min(failed, key=lambda end: (end.order, end.index), default=None)
+        return min(failed, key=lambda end: (end.ended_at, end.index), default=None)
 
 
 def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout: float,
@@ -232,26 +239,27 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
         track_group(proc.pid)  # a second Ctrl-C kills it at once
         procs.append(proc)
     watch_compile = compile_timeout is not None and any(s.config.compile != "off" for s in specs)
-    order: dict[int, int] = {}
+    exited: dict[int, float] = {}  # process -> when the launcher saw it exit
     compile_over: Optional[tuple[int, str, float]] = None
     failed = False
     try:
-        while len(order) < len(procs) and compile_over is None and not (failed and stop_on_failure):
+        while len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure):
             left = timeout - (time.perf_counter() - start)
             if left <= 0:
                 break
-            alive = [p.sentinel for i, p in enumerate(procs) if i not in order]
+            alive = [p.sentinel for i, p in enumerate(procs) if i not in exited]
             multiprocessing.connection.wait(alive, min(COMPILE_POLL_SECONDS, left) if watch_compile else left)
-            ended = [i for i, proc in enumerate(procs) if i not in order and not proc.is_alive()]
-            for i in sorted(ended, key=lambda i: _ended_at(files[i])):
-                order[i] = len(order)
+            for i, proc in enumerate(procs):
+                if i in exited or proc.is_alive():
+                    continue
+                exited[i] = time.time()
                 outcome = _result(files[i].result, "", 0.0)
                 failed = failed or outcome is None or outcome.status not in ("ok", "pruned")
             if watch_compile:
                 assert compile_timeout is not None
                 for i, (spec, where) in enumerate(zip(specs, files)):
                     mode, seconds = read_compile_seconds(str(where.clock))
-                    if i not in order and seconds > compile_timeout:
+                    if i not in exited and seconds > compile_timeout:
                         compile_over = (i, mode or spec.config.compile, seconds)
                         break
     except BaseException as exc:
@@ -270,30 +278,31 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
         except AttributeError:  # an exception type that takes no attributes: the result is lost with it
             pass
         raise
-    timed_out = len(order) < len(procs) and compile_over is None and not (failed and stop_on_failure)
-    killed = {i for i in range(len(procs)) if i not in order}
+    timed_out = len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure)
+    killed = {i for i in range(len(procs)) if i not in exited}
     for proc in procs:
         _kill_group(proc.pid)  # on a deadline or a failure, and to reap anything a finished process left behind
     for proc in procs:
         proc.join()
         untrack_group(proc.pid)
     wall = time.perf_counter() - start
-    last = len(order)
     ends = []
     for i, proc in enumerate(procs):
-        tail = _tail(files[i].log)
-        ends.append(ProcessEnd(index=i, exitcode=proc.exitcode or 0, outcome=_result(files[i].result, tail, wall),
-                               killed=i in killed, order=order.get(i, last), files=files[i]))
+        outcome = _result(files[i].result, _tail(files[i].log), wall)
+        written = _written_at(files[i]) if outcome is not None else None
+        ended_at = written if written is not None else exited.get(i, float("inf"))
+        ends.append(ProcessEnd(index=i, exitcode=proc.exitcode or 0, outcome=outcome, killed=i in killed,
+                               ended_at=ended_at, files=files[i]))
     return Launch(ends=tuple(ends), wall_seconds=wall, timed_out=timed_out, compile_over=compile_over)
 
 
-def _ended_at(files: ProcessFiles) -> tuple[int, int]:
-    """Which of the processes seen ended at one poll ended first: one that died without a result (its peers'
-    errors about the lost connection follow), then by when each wrote its result."""
+def _written_at(files: ProcessFiles) -> Optional[float]:
+    """When the process wrote its result, by its own clock (``ended_at`` in the result)."""
     try:
-        return 1, files.result.stat().st_mtime_ns
-    except OSError:
-        return 0, 0
+        value = json.loads(files.result.read_text()).get("ended_at")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def rank_specs(spec: TrialSpec) -> list[TrialSpec]:
@@ -302,9 +311,10 @@ def rank_specs(spec: TrialSpec) -> list[TrialSpec]:
     if ranks == 1:
         return [spec]
     port = str(_free_port())
-    return [dataclasses.replace(spec, env={
-        **(spec.env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(ranks),
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(ranks)}) for rank in range(ranks)]
+    shared = {RANKS_ENV: str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(ranks),
+              "LOCAL_WORLD_SIZE": str(ranks)}
+    return [dataclasses.replace(spec, env={**(spec.env or {}), **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank in range(ranks)]
 
 
 def rank_files(workdir: Path, ranks: int) -> list[ProcessFiles]:

@@ -49,6 +49,9 @@ class TrialSpec:
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
 
 
+# Set by the launcher on every rank of a trial of several processes (its value: the ranks). torch's own
+# RANK/WORLD_SIZE alone do not make a rank: a tuner itself started under torchrun passes them to every trial.
+RANKS_ENV = "AUTOTUNE_TRIAL_RANKS"
 # The exit code of a trial process that could not write its log or its result: an infrastructure fault.
 INFRA_EXIT_CODE = 75  # EX_TEMPFAIL
 # What an address-space limit (--memory-limit) breaks besides big allocations: threads and processes.
@@ -114,7 +117,7 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
     start = time.perf_counter()
     if compile_clock_path is not None and spec.config.compile != "off":
         _phase.install(compile_clock_path, spec.config.compile)
-    rank = _distributed.rank_from_env()
+    rank = _distributed.rank_from_env() if RANKS_ENV in os.environ else None
     try:
         fn = load_target(spec.target)
         device = _distributed.device_for(rank) if rank is not None else _knobs.pick_device()
@@ -222,7 +225,8 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         os.environ.update(spec.env)
     outcome = execute(spec, compile_clock_path)
     try:
-        text = json.dumps(outcome.to_dict())
+        # When it ended, for the launcher: of the ranks of one trial, the first to fail is the one to name.
+        text = json.dumps({**outcome.to_dict(), "ended_at": time.time()})
     except (TypeError, ValueError) as exc:  # something the workload handed over is not JSON
         text = json.dumps(TrialOutcome("error", error=f"the trial's result is not JSON-serialisable: {exc}",
                                        run_seconds=outcome.run_seconds).to_dict())

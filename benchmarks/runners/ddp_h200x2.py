@@ -109,7 +109,8 @@ def default_ddp(config: TrialConfig) -> TrialConfig:
     return config.replace(**{knob: getattr(defaults, knob) for knob in DDP_KNOBS})
 
 
-def alternate(runner: TrialRunner, configs: dict[str, TrialConfig], rounds: int, workdir: str) -> dict[str, list[float]]:
+def alternate(runner: TrialRunner, configs: dict[str, TrialConfig], rounds: int,
+              workdir: str) -> dict[str, list[float]]:
     """Each config measured ``rounds`` times in turn (forward, then backward): label -> throughputs."""
     rates: dict[str, list[float]] = {label: [] for label in configs}
     labels = list(configs)
@@ -162,7 +163,8 @@ def report(rows: list[dict[str, Any]], *, tiny: bool, device: str) -> str:
     """The markdown of a run."""
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# DDP trials: two ranks on {device}", "",
-             f"Run {when} by `python -m benchmarks.runners.ddp_h200x2`{' --tiny (tiny models: the numbers mean nothing)' if tiny else ''}.",
+             f"Run {when} by `python -m benchmarks.runners.ddp_h200x2`"
+             + (" --tiny (tiny models: the numbers mean nothing)." if tiny else "."),
              "Throughput is global samples/s (every rank's samples over the slowest rank's seconds).", "",
              "| workload | one-GPU best | 2-rank baseline (default DDP) | 2-rank pick | pick vs baseline | "
              "pick vs pick with default DDP knobs | scaling efficiency |",
@@ -204,7 +206,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     import torch
 
-    device = "CPU (gloo)" if not torch.cuda.is_available() else f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    cuda = torch.cuda.is_available()
+    device = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}" if cuda else "CPU (gloo)"
     from autotune.hardware import probe
 
     args.capabilities = probe()  # once for every study of the run (it runs each knob's kernels)
