@@ -1,19 +1,18 @@
 """Trials of several ranks (DDP) on the CPU: two gloo ranks per trial, real processes, a real study.
 
-The trials are few and shared across assertions (module-scoped fixtures): one DDP trial with every knob
-set, one failing rank, one hung trial, and one small study.
+The trials are few and shared across assertions (module-scoped fixtures): one DDP trial with the bucket
+size, bucket views and bf16 compression set, one failing rank, one hung trial, and one small study that
+also runs static_graph.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-import ddp_workloads
 from autotune import Budget, SearchSpace, SpaceError, TrialConfig, Tuner
 from autotune.hardware import Capabilities
 from autotune.insight._diagnose import COMMUNICATION_BOUND, COMPUTE_BOUND, diagnose
@@ -236,6 +235,9 @@ def test_a_study_runs_two_rank_trials(study) -> None:
     assert all(t.user_attrs["config"]["processes_per_trial"] == 2 for t in ran)
     assert all(t.user_attrs["extra:ddp.world_size"] == 2 for t in ran)
     assert all(t.user_attrs["extra:ddp.allreduce_share"] > 0 for t in ran)
+    # static_graph as each trial asked for it, on the DDP object; the guided walk tries it on.
+    assert all(t.user_attrs["extra:test.static_graph"] == t.user_attrs["config"]["static_graph"] for t in ran)
+    assert any(t.user_attrs["config"]["static_graph"] for t in ran)
     assert loaded.user_attrs["space"]["processes_per_trial"] == 2
     assert study.baseline.processes_per_trial == 2 and study.baseline.global_batch_size == 64
     assert not any(k.startswith(("static_graph", "grad_compression")) for k in study.removed_knobs)
