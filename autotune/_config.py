@@ -30,6 +30,10 @@ DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "efficient", "cudnn", "math", "explicit")
 # How the optimizer steps: torch's default choice, one foreach kernel per op over all tensors, or fused kernels.
 OPTIMIZER_IMPLS: tuple[str, ...] = ("default", "foreach", "fused")
+# How a DDP trial all-reduces its gradients: in their own dtype, or compressed to bf16 by a comm hook.
+GRAD_COMPRESSIONS: tuple[str, ...] = ("none", "bf16")
+# Knobs of ctx.ddp: they change the gradient all-reduce, so with one process per trial they cannot matter.
+DDP_KNOBS: tuple[str, ...] = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "grad_compression")
 
 # compile_timeout: torch.compile ran past its own deadline (the compile mode is slow for this model, not broken).
 # infra: the trial's surroundings failed (its log folder vanished or was unwritable, the trial server died),
@@ -42,7 +46,7 @@ Status = Literal["ok", "pruned", "oom", "timeout", "compile_timeout", "crash", "
 # learning-rate rule follows it (ctx.lr_scale), and each trial is judged against fp32 at its own global batch.
 BATCH_POLICIES: tuple[str, ...] = ("fixed", "scale")
 # TrialConfig fields a study sets for every trial rather than searching.
-STUDY_FIELDS: tuple[str, ...] = ("batch_policy", "global_batch")
+STUDY_FIELDS: tuple[str, ...] = ("batch_policy", "global_batch", "processes_per_trial")
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,13 @@ class TrialConfig:
     attention: str = "auto"  # SDPA backend inside ctx.train_step (see ATTENTION_BACKENDS)
     optimizer_impl: str = "default"  # applied by ctx.optimizer (see OPTIMIZER_IMPLS)
     activation_checkpointing: bool = False  # recompute the blocks wrapped by ctx.checkpoint in the backward
+    bucket_cap_mb: int = 25  # DDP gradient bucket size (torch's default), applied by ctx.ddp
+    gradient_as_bucket_view: bool = False  # DDP: gradients are views into the all-reduce buckets (no copy)
+    static_graph: bool = False  # DDP: the graph is the same every step (lets DDP skip per-step bookkeeping)
+    grad_compression: str = "none"  # DDP comm hook (see GRAD_COMPRESSIONS)
     batch_policy: str = "fixed"
-    global_batch: Optional[int] = None  # samples per optimizer step; None: batch_size (no accumulation)
+    global_batch: Optional[int] = None  # samples per optimizer step over every rank; None: no accumulation
+    processes_per_trial: int = 1  # ranks of one trial (a DDP job); batch_size is each rank's micro-batch
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -82,20 +91,32 @@ class TrialConfig:
             raise ValueError(f"activation_checkpointing must be true or false, not {self.activation_checkpointing!r}")
         if self.batch_policy not in BATCH_POLICIES:
             raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, not {self.batch_policy!r}")
-        if self.global_batch is not None and (self.global_batch < self.batch_size or self.global_batch % self.batch_size):
+        if self.grad_compression not in GRAD_COMPRESSIONS:
+            raise ValueError(f"grad_compression must be one of {', '.join(GRAD_COMPRESSIONS)}, "
+                             f"not {self.grad_compression!r}")
+        for name in ("gradient_as_bucket_view", "static_graph"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
+        for name in ("bucket_cap_mb", "processes_per_trial"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        step = self.batch_size * self.processes_per_trial  # samples of one micro-step over every rank
+        if self.global_batch is not None and (self.global_batch < step or self.global_batch % step):
+            ranks = f" x {self.processes_per_trial} ranks" if self.processes_per_trial > 1 else ""
             raise ValueError(
-                f"micro-batch {self.batch_size} does not divide the global batch {self.global_batch}"
-            )
+                f"micro-batch {self.batch_size}{ranks} does not divide the global batch {self.global_batch}")
 
     @property
     def global_batch_size(self) -> int:
-        """Samples per optimizer step."""
-        return self.global_batch or self.batch_size
+        """Samples per optimizer step, over every rank."""
+        return self.global_batch or self.batch_size * self.processes_per_trial
 
     @property
     def accumulation_steps(self) -> int:
-        """Micro-batches (of ``batch_size``) whose gradients are accumulated into one optimizer step."""
-        return self.global_batch_size // self.batch_size
+        """Micro-batches (of ``batch_size`` on each rank) whose gradients are accumulated into one optimizer
+        step: per-rank micro-batch x accumulation x ranks = the global batch."""
+        return self.global_batch_size // (self.batch_size * self.processes_per_trial)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -131,6 +152,17 @@ class TrialConfig:
             parts.append(f"optimizer={self.optimizer_impl}")
         if self.activation_checkpointing:
             parts.append("checkpointing")
+        if self.processes_per_trial > 1:
+            parts.append(f"ranks={self.processes_per_trial}")
+            defaults = TrialConfig()
+            if self.bucket_cap_mb != defaults.bucket_cap_mb:
+                parts.append(f"bucket={self.bucket_cap_mb}MB")
+            if self.gradient_as_bucket_view:
+                parts.append("grad_view")
+            if self.static_graph:
+                parts.append("static_graph")
+            if self.grad_compression != "none":
+                parts.append(f"compress={self.grad_compression}")
         if self.loader == "dali":
             parts.append(f"dali threads={self.dali_threads} prefetch={self.dali_prefetch}")
         else:

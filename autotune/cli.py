@@ -62,6 +62,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="fixed: every trial keeps the baseline's global batch (the batch knob is the micro-batch, "
                         "gradients accumulate); scale: the global batch follows the batch knob, judged against fp32 "
                         "at each global batch (default: the space's, else fixed)")
+    p.add_argument("--nproc-per-trial", type=_positive_int, metavar="N",
+                   help="run each trial as a DDP job of N ranks (one GPU each; gloo on a CPU); the space's DDP knobs "
+                        "apply through ctx.ddp (default: the space's processes_per_trial, else 1)")
     p.add_argument("--accuracy-reference", choices=("baseline", "batch"), default="baseline",
                    help="superseded by --batch-policy: 'batch' (fp32 references at each trial's batch size) "
                         "selects --batch-policy scale")
@@ -175,7 +178,7 @@ _TUNER_OPTIONS = {
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
-    "baseline": "baseline",
+    "baseline": "baseline", "nproc_per_trial": "processes_per_trial",
 }
 
 
@@ -523,6 +526,8 @@ def _spaces(args: argparse.Namespace) -> int:
             failed += 1
             continue
         policy = f"fixed at global batch {space.global_batch}" if space.batch_policy == "fixed" else "scale"
+        if space.processes_per_trial > 1:
+            policy += f"; {space.processes_per_trial} processes per trial"
         print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs, batch policy {policy})  "
                   f"{space.description}")
     return 1 if failed else 0

@@ -25,8 +25,8 @@ PUBLIC_NAMES = [
 COMMANDS = {
     "tune": {"target", "--space", "--trials", "--timeout", "--study", "--storage", "--max-accuracy-loss",
              "--metric-direction", "--accuracy-reference", "--trial-timeout", "--memory-limit", "--confirm-samples",
-             "--top-k", "--prune-below", "--seed", "--studies-dir", "--no-progress", "--no-plots", "--grace-period", "--workers",
-             "--create-only", "--baseline"},
+             "--top-k", "--prune-below", "--seed", "--studies-dir", "--no-progress", "--no-plots", "--grace-period",
+             "--workers", "--create-only", "--baseline", "--nproc-per-trial"},
     "worker": {"target", "--study", "--storage", "--no-plots"},
     "demo": {"--baseline"},
     "best": {"study"},
@@ -40,14 +40,15 @@ COMMANDS = {
 CONFIG_FIELDS = [
     "precision", "batch_size", "channels_last", "compile", "cuda_graphs", "cudnn_benchmark", "num_workers",
     "pin_memory", "prefetch_factor", "persistent_workers", "memory_fraction", "cpu_threads", "loader",
-    "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "batch_policy",
-    "global_batch",
+    "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "bucket_cap_mb",
+    "gradient_as_bucket_view", "static_graph", "grad_compression", "batch_policy", "global_batch",
+    "processes_per_trial",
 ]
 # What a train_fn calls on its TrialContext.
 CONTEXT_HELPERS = {
     "model", "optimizer", "loader", "image_loader", "train_step", "attention", "checkpoint", "autocast",
     "to_device", "batches", "record_loss", "record_window", "report_metric", "record", "lr_scale", "lr_scale_sqrt",
-    "measurement", "step_clock",
+    "measurement", "step_clock", "ddp", "world_size", "rank",
 }
 TRAIN_STEP_OPTIONS = {"model", "optimizer", "loss_fn", "clip_grad_norm", "scheduler"}
 

@@ -17,6 +17,10 @@ The classes and the evidence each rests on:
   out, and the label says that utilisation was not measured.
 - ``memory-capacity-bound``: the trial ran out of memory, or it ran the largest batch that fit while
   the larger batches of the same precision and memory fraction ran out of memory.
+- ``communication-bound``: a trial of several ranks (DDP) had its gradient all-reduce in flight for a
+  large share of the timed windows (``extra:ddp.allreduce_share``, from CUDA events in the comm hook on
+  GPUs, wall-clock on the CPU). When the study has the same per-rank config run as one process, the step
+  must also have grown with the world size; if it did not, the all-reduce hid behind the backward pass.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ INPUT_BOUND = "input-bound"
 LAUNCH_BOUND = "launch-bound"
 COMPUTE_BOUND = "compute-bound"
 MEMORY_CAPACITY_BOUND = "memory-capacity-bound"
-BOTTLENECKS = (INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_CAPACITY_BOUND)
+COMMUNICATION_BOUND = "communication-bound"
+BOTTLENECKS = (INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_CAPACITY_BOUND, COMMUNICATION_BOUND)
 
 # A fifth of the timed windows spent waiting on the loader is more than any step overlap hides.
 DATA_WAIT_HIGH = 0.2
@@ -36,6 +41,14 @@ DATA_WAIT_HIGH = 0.2
 UTIL_HIGH = 85.0
 # CUDA Graphs "help" when the graph run of the same config is this much faster; window spread is a few %.
 GRAPHS_HELP = 1.10
+# The all-reduce in flight for this share of the timed windows: more than a backward pass overlaps away.
+ALLREDUCE_SHARE_HIGH = 0.3
+# The per-rank step of N ranks this much slower than the same per-rank config as one process: the
+# communication showed in the step time (window spread is a few %).
+STEP_GROWTH = 1.10
+# Knobs that do not change a rank's own work: a one-process twin differs from a DDP trial only in them.
+_RANK_FIELDS = ("processes_per_trial", "global_batch", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                "grad_compression")
 
 # Study user attribute holding every trial's diagnosis (finished trials cannot take new attributes).
 STUDY_ATTR = "diagnoses"
@@ -106,6 +119,51 @@ def _graphs_twin(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]]) -> Op
         if _ran(other) and _config(other) == twin:
             return other
     return None
+
+
+def _one_rank_twin(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """A measured one-process trial with this trial's per-rank config (micro-batch and accumulation)."""
+    config = _config(m)
+
+    def per_rank(c: Mapping[str, Any]) -> dict[str, Any]:
+        ranks = int(c.get("processes_per_trial", 1) or 1)
+        batch = int(c.get("batch_size", 0) or 0)
+        total = c.get("global_batch") or batch * ranks
+        accumulation = total // (batch * ranks) if batch else 1
+        return {**{k: v for k, v in c.items() if k not in _RANK_FIELDS}, "accumulation": accumulation}
+
+    mine = per_rank(config)
+    for other in study:
+        oc = _config(other)
+        if _ran(other) and int(oc.get("processes_per_trial", 1) or 1) == 1 and per_rank(oc) == mine:
+            return other
+    return None
+
+
+def _communication(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]],
+                   numbers: dict[str, Any]) -> Optional[str]:
+    """The evidence sentence when a DDP trial is communication-bound, else ``None``."""
+    ranks = int(_config(m).get("processes_per_trial", 1) or 1)
+    share = m.get("extra:ddp.allreduce_share", m.get("ddp.allreduce_share"))
+    if ranks < 2 or share is None:
+        return None
+    numbers["allreduce_share"] = share
+    numbers["ranks"] = ranks
+    if share < ALLREDUCE_SHARE_HIGH:
+        return None
+    sentence = f"The gradient all-reduce of the {ranks} ranks was in flight for {share:.0%} of the timed windows"
+    twin = _one_rank_twin(m, study)
+    step, twin_step = m.get("step_time"), (twin or {}).get("step_time")
+    if twin is not None and step and twin_step:
+        growth = float(step) / float(twin_step)
+        numbers["step_growth_vs_one_rank"] = round(growth, 3)
+        if growth < STEP_GROWTH:
+            return None  # it overlapped the backward pass: the step did not pay for it
+        sentence += (f", and the step took {growth:.2f}x as long as the same per-rank config as one process "
+                     f"({_which(twin)})")
+    else:
+        sentence += "; the study has no one-process run of the same per-rank config to show the step grew"
+    return sentence + "."
 
 
 def _larger_oom(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
@@ -209,6 +267,10 @@ def diagnose(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]] = ()) -> O
             parts.append(f"host-to-device PCIe traffic averaged {rx:,.0f} MB/s")
         return Diagnosis(INPUT_BOUND, "; ".join(parts) + ".", numbers, measured)
 
+    communication = _communication(m, study, numbers)
+    if communication is not None:
+        return Diagnosis(COMMUNICATION_BOUND, communication, numbers, measured)
+
     oom = _larger_oom(m, study)
     if oom is not None and (not measured or util < UTIL_HIGH):
         numbers["oom_batch_size"] = _config(oom)["batch_size"]
@@ -279,6 +341,17 @@ def next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
             tips.append("torch.compile to fuse kernels (mode reduce-overhead also captures graphs)")
         tips.append("a larger batch so each kernel does more work")
         return f"{LAUNCH_BOUND}: try " + ", ".join(tips) + "."
+    if diagnosis.bottleneck == COMMUNICATION_BOUND:
+        tips = []
+        if c.get("grad_compression", "none") == "none":
+            tips.append("bf16 gradient compression (grad_compression: bf16; the accuracy check judges it)")
+        tips.append("another bucket_cap_mb (fewer, larger all-reduces, or earlier overlap)")
+        if not c.get("gradient_as_bucket_view"):
+            tips.append("gradient_as_bucket_view (no copy into the buckets)")
+        if not c.get("static_graph"):
+            tips.append("static_graph")
+        tips.append("a larger micro-batch per rank, or accumulation (no_sync) so each all-reduce carries more work")
+        return f"{COMMUNICATION_BOUND}: try " + ", ".join(tips) + "."
     if diagnosis.bottleneck == MEMORY_CAPACITY_BOUND:
         tips = []
         if c.get("precision", "fp32") in ("fp32", "tf32"):

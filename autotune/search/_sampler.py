@@ -59,6 +59,11 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     "attention": ("auto", "flash", "cudnn", "efficient", "math", "explicit"),
     "optimizer_impl": ("fused", "foreach", "default"),
     "activation_checkpointing": (False, True),  # recomputing costs time; it pays only where memory binds
+    # DDP: no copy into the buckets, and no per-step graph bookkeeping, cost nothing; compressing the
+    # gradients changes their numbers, so full precision goes first.
+    "gradient_as_bucket_view": (True, False),
+    "static_graph": (True, False),
+    "grad_compression": ("none", "bf16"),
 }
 # Largest expected effect first: a coordinate walk that settles these early wastes fewest trials.
 # Batch before precision: from a bf16 start the other precisions are rarely better and, with compile on,
@@ -73,6 +78,10 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "channels_last",
     "cuda_graphs",
     "optimizer_impl",
+    "grad_compression",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
     "loader",
     "dali_threads",
     "dali_prefetch",
@@ -91,8 +100,8 @@ INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persis
 COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs", "cudnn_benchmark", "attention",
                            "optimizer_impl", "activation_checkpointing"})
 # The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).
-INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND = (
-    "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound")
+INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND, COMMUNICATION_BOUND = (
+    "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound", "communication-bound")
 # What can help each bottleneck, most likely first. Input: the loader (the space bounds the workers to
 # what the host has). Launches: fewer, larger launches. Compute: less work per sample, then a batch that
 # uses the units better. Memory capacity: the batch (the one that fits), then a narrower precision.
@@ -102,6 +111,8 @@ BOTTLENECK_KNOBS: dict[str, tuple[str, ...]] = {
     LAUNCH_BOUND: ("cuda_graphs", "compile", "optimizer_impl", "batch_size"),
     COMPUTE_BOUND: ("precision", "compile", "attention", "channels_last", "batch_size"),
     MEMORY_BOUND: ("batch_size", "precision", "activation_checkpointing"),
+    # Communication: fewer bytes, fewer or better-overlapped buckets, then more compute per all-reduce.
+    COMMUNICATION_BOUND: ("grad_compression", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "batch_size"),
 }
 # The knobs that cannot help a bottleneck: they wait until every other move is done.
 BOTTLENECK_WAITS: dict[str, frozenset[str]] = {
@@ -109,6 +120,7 @@ BOTTLENECK_WAITS: dict[str, frozenset[str]] = {
     LAUNCH_BOUND: INPUT_KNOBS,
     COMPUTE_BOUND: INPUT_KNOBS,
     MEMORY_BOUND: INPUT_KNOBS,
+    COMMUNICATION_BOUND: INPUT_KNOBS,
 }
 # Without a stored diagnosis (replayed tables): waiting this share of the windows is input-bound, as the
 # diagnosis calls it (insight's DATA_WAIT_HIGH).

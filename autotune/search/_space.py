@@ -22,6 +22,8 @@ from autotune._config import (
     COMPILE_MODES,
     COMPILE_MODES_WITH_GRAPHS,
     DALI_LOADER_KNOBS,
+    DDP_KNOBS,
+    GRAD_COMPRESSIONS,
     LOADERS,
     OPTIMIZER_IMPLS,
     PRECISIONS,
@@ -33,9 +35,10 @@ from autotune._config import (
 from autotune._errors import SpaceError
 
 _BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers",
-               "activation_checkpointing")
+               "activation_checkpointing", "gradient_as_bucket_view", "static_graph")
 _CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "loader": LOADERS,
-                 "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS}
+                 "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
+                 "grad_compression": GRAD_COMPRESSIONS}
 
 
 def _check_value(knob: str, value: Any) -> Optional[str]:
@@ -57,12 +60,12 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
         return None
     if knob == "num_workers":
         return None if value >= 0 else f"{value} is negative"
-    if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch"):
+    if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch", "bucket_cap_mb"):
         return None if value >= 1 else f"{value} is below 1"
     raise AssertionError(knob)
 
 
-_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing"})
+_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8
@@ -77,7 +80,7 @@ def _ask_order() -> tuple[str, ...]:
 
 
 _ASK_ORDER = _ask_order()
-_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget", "batch_policy", "global_batch"}
+_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget", "batch_policy", "global_batch", "processes_per_trial"}
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class SearchSpace:
     description: str = ""
     removed: dict[str, str] = field(default_factory=dict)  # "knob=value" -> why the probe removed it
     declared_batch_sizes: Optional[Knob] = None  # the batch knob as written, before the policy trimmed it
+    global_batch_stated: bool = False  # the YAML set global_batch (else it follows the baseline batch x ranks)
 
     @property
     def batch_policy(self) -> str:
@@ -136,6 +140,11 @@ class SearchSpace:
     def global_batch(self) -> int:
         """Under ``fixed``, every trial's global batch; under ``scale``, the baseline's."""
         return self.baseline.global_batch_size
+
+    @property
+    def processes_per_trial(self) -> int:
+        """Ranks of each trial: above 1 a trial is a DDP job (``batch_size`` is then each rank's micro-batch)."""
+        return self.baseline.processes_per_trial
 
     def to_dict(self) -> dict[str, Any]:
         """The user-facing definition (without probe removals), used for the fingerprint."""
@@ -154,6 +163,8 @@ class SearchSpace:
         }
         if self.batch_policy == "fixed":
             data["global_batch"] = self.global_batch
+        if self.processes_per_trial > 1:  # only where set, so one-process studies keep their fingerprint
+            data["processes_per_trial"] = self.processes_per_trial
         return data
 
     def with_batch_policy(self, policy: str, *, where: Optional[str] = None) -> "SearchSpace":
@@ -164,8 +175,27 @@ class SearchSpace:
         """
         if policy == self.batch_policy:
             return self
-        global_batch = self.baseline.batch_size if policy == "fixed" else None
+        global_batch = self.baseline.batch_size * self.processes_per_trial if policy == "fixed" else None
         return _with_policy(self, policy, global_batch, where or self.name)
+
+    def with_processes(self, processes: int, *, where: Optional[str] = None) -> "SearchSpace":
+        """This space with ``processes`` ranks per trial. The baseline's ``batch_size`` stays each rank's
+        batch, so under ``fixed`` the global batch becomes batch x ranks (the default DDP job) unless the
+        space sets ``global_batch``.
+
+        Raises:
+            SpaceError: not a positive integer, or a micro-batch x ranks that does not divide the global batch.
+        """
+        where = where or self.name
+        _check_processes(processes, where)
+        if processes == self.processes_per_trial:
+            return self
+        space = dataclasses.replace(self, baseline=self.baseline.replace(
+            processes_per_trial=processes, global_batch=None, batch_policy="scale"))
+        stated = self.global_batch if self.batch_policy == "fixed" and self.global_batch_stated else None
+        space = _with_policy(space, self.batch_policy, stated, where)
+        _check_budget(space, where)
+        return space
 
     def with_baseline(self, values: dict[str, Any], *, where: str = "--baseline") -> "SearchSpace":
         """This space with some of its baseline's knobs set otherwise (checked as ``baseline:`` in YAML is).
@@ -185,7 +215,8 @@ class SearchSpace:
         space = dataclasses.replace(self, baseline=TrialConfig(**base, batch_policy="scale"))
         if self.batch_policy == "scale":
             return _with_policy(space, "scale", None, where)
-        return _with_policy(space, "fixed", values.get("batch_size", self.global_batch), where)
+        stated = values["batch_size"] * self.processes_per_trial if "batch_size" in values else self.global_batch
+        return _with_policy(space, "fixed", stated, where)
 
     @property
     def fingerprint(self) -> str:
@@ -260,7 +291,8 @@ class SearchSpace:
             else:
                 chosen[name] = trial.suggest_int(name, int(spec.low), int(spec.high), step=int(spec.step))
         policy = self.batch_policy
-        return TrialConfig(**chosen, batch_policy=policy, global_batch=self.global_batch if policy == "fixed" else None)
+        return TrialConfig(**chosen, batch_policy=policy, global_batch=self.global_batch if policy == "fixed" else None,
+                           processes_per_trial=self.processes_per_trial)
 
     def asked_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params a trial asks for to reach this config: knobs that cannot matter for it are not asked."""
@@ -374,7 +406,8 @@ MAX_RANGE_VALUES = 10_000  # values one range knob may expand to
 
 
 def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
-    numeric = ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction", *DALI_LOADER_KNOBS)
+    numeric = ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction", "bucket_cap_mb",
+               *DALI_LOADER_KNOBS)
     if name not in numeric:
         raise SpaceError(f"{where}: knobs.{name}: a range needs a numeric knob; give choices instead")
     if "low" not in raw or "high" not in raw:
@@ -444,6 +477,9 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
             raise SpaceError(f"{where}: global_batch goes with batch_policy fixed (under scale the batch_size knob "
                              "is the global batch)")
 
+    processes = data.get("processes_per_trial", 1)
+    _check_processes(processes, where)
+
     raw_budget = data.get("budget") or {}
     if not isinstance(raw_budget, dict):
         raise SpaceError(f"{where}: 'budget' must be a mapping")
@@ -461,18 +497,29 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
     space = SearchSpace(
         name=name or where,
         knobs=knobs,
-        baseline=TrialConfig(**base_values, batch_policy="scale"),
+        baseline=TrialConfig(**base_values, batch_policy="scale", processes_per_trial=processes),
         budget=budget,
         description=str(data.get("description", "")),
+        global_batch_stated=global_batch is not None,
     )
     space = _with_policy(space, policy, global_batch, where)
-    largest = space.max_batch_size()
-    if budget.samples < budget.min_samples_for(largest):
-        raise SpaceError(
-            f"{where}: budget.samples: {budget.samples} is too few for batch {largest} "
-            f"(needs {budget.min_samples_for(largest)} = batch x (warmup_steps + windows))"
-        )
+    _check_budget(space, where)
     return space
+
+
+def _check_budget(space: SearchSpace, where: str) -> None:
+    budget, largest, processes = space.budget, space.max_batch_size(), space.processes_per_trial
+    if budget.samples < budget.min_samples_for(largest * processes):
+        ranks = f" x {processes} ranks" if processes > 1 else ""
+        raise SpaceError(
+            f"{where}: budget.samples: {budget.samples} is too few for batch {largest}{ranks} "
+            f"(needs {budget.min_samples_for(largest * processes)} = batch{ranks} x (warmup_steps + windows))"
+        )
+
+
+def _check_processes(processes: Any, where: str) -> None:
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        raise SpaceError(f"{where}: processes_per_trial: {processes!r} is not a positive integer")
 
 
 def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], where: str) -> SearchSpace:
@@ -488,16 +535,19 @@ def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], w
             knobs["batch_size"] = declared
         return dataclasses.replace(space, knobs=knobs, removed=removed, declared_batch_sizes=declared,
                                    baseline=base.replace(batch_policy="scale", global_batch=None))
-    total = global_batch or base.batch_size
-    if total % base.batch_size:
-        raise SpaceError(f"{where}: baseline.batch_size: {base.batch_size} does not divide the global batch {total} "
-                         "(batch_policy fixed)")
+    # Every rank takes a micro-batch per micro-step: per-rank micro-batch x accumulation x ranks = global batch.
+    ranks = base.processes_per_trial
+    per_rank = f" x {ranks} ranks" if ranks > 1 else ""
+    total = global_batch or base.batch_size * ranks
+    if total % (base.batch_size * ranks):
+        raise SpaceError(f"{where}: baseline.batch_size: {base.batch_size}{per_rank} does not divide the global batch "
+                         f"{total} (batch_policy fixed)")
     for value in declared.values if declared else ():
-        if value <= total and total % value:
+        if value * ranks <= total and total % (value * ranks):
             raise SpaceError(
-                f"{where}: knobs.batch_size: {value} does not divide the global batch {total} (batch_policy fixed "
-                f"accumulates micro-batches into it); list divisors of {total}, set global_batch, or use "
-                "batch_policy: scale"
+                f"{where}: knobs.batch_size: {value}{per_rank} does not divide the global batch {total} (batch_policy "
+                f"fixed accumulates micro-batches into it); list divisors of {total // ranks}, set global_batch, or "
+                "use batch_policy: scale"
             )
     if space.budget.samples // total < MIN_OPTIMIZER_STEPS:
         raise SpaceError(
@@ -505,11 +555,12 @@ def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], w
             f"steps at the global batch {total}"
         )
     if declared is not None:
-        micro = tuple(v for v in declared.values if v <= total)
-        above = [_fmt(v) for v in declared.values if v > total]
+        micro = tuple(v for v in declared.values if v * ranks <= total)
+        above = [_fmt(v) for v in declared.values if v * ranks > total]
         if above:
-            removed[f"batch_size={','.join(above)}"] = (f"above the global batch {total} (batch_policy fixed: the batch "
-                                                        "knob is the micro-batch; batch_policy scale lets it grow)")
+            over = per_rank.replace(" x ", " over ")
+            removed[f"batch_size={','.join(above)}"] = (f"above the global batch {total}{over} (batch_policy fixed: the "
+                                                        "batch knob is the micro-batch; batch_policy scale lets it grow)")
         if micro:
             knobs["batch_size"] = Knob("batch_size", choices=micro)
     return dataclasses.replace(space, knobs=knobs, removed=removed, declared_batch_sizes=declared,
@@ -624,9 +675,29 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
             if value is not None and value > caps.cpu_count:
                 removals.append(("cpu_threads", value, f"this process may use {caps.cpu_count} cores (its CPU "
                                  f"affinity): more compute threads than cores cannot run in parallel"))
+    removals += _process_removals(space, caps)
     for knob, value, why in removals:
         space = space.without(knob, value, why)
     return space
+
+
+def _process_removals(space: SearchSpace, caps: Any) -> list[tuple[str, Any, str]]:
+    """DDP knob values that cannot matter (one process per trial) or cannot run (graphs across ranks).
+
+    Raises:
+        SpaceError: a trial needs more GPUs than this process sees.
+    """
+    processes = space.processes_per_trial
+    defaults = TrialConfig()
+    if processes == 1:
+        why = "one process per trial: there is no gradient all-reduce for it to change (set processes_per_trial)"
+        return [(knob, value, why) for knob in DDP_KNOBS if knob in space.knobs
+                for value in space.knobs[knob].values if value != getattr(defaults, knob)]
+    if caps.cuda and 0 < caps.gpu_count < processes:
+        raise SpaceError(f"{space.name}: processes_per_trial {processes} needs {processes} GPUs (one per rank); "
+                         f"this process sees {caps.gpu_count}")
+    return [("cuda_graphs", True, f"{processes} processes per trial: a captured step of a DDP model is not supported "
+                                  "here (DDP's bucket rebuild and all-reduce run outside the capture)")]
 
 
 # Why channels_last goes when the reference run shows no layer with 4-D activations (see ``restrict_to_model``).

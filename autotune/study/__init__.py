@@ -1,6 +1,6 @@
 """The study layer: driving a study.
 
-The tuner loop and its parts (``_tuner``), trial processes (``_isolation``), storage URLs
+The tuner loop and its parts (``_tuner``), trial processes, one or the ranks of a DDP job (``_isolation``), storage URLs
 (``_storage``), worker liveness (``_workers``), the progress bar (``_progress``) and
 ``best_config.json`` (``_results``).
 """

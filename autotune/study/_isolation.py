@@ -1,4 +1,8 @@
-"""One process per trial, from the coordinator's side: its own process group, a wall-clock limit, reaping.
+"""Trial processes, from the coordinator's side: each in its own process group, a wall-clock limit, reaping.
+
+A trial is one process, or ``processes_per_trial`` ranks of a DDP job that rendezvous through torch's
+env:// variables on a free local port (``launch`` starts any such set of processes and ends them together;
+``run_isolated`` turns what they left into the trial's outcome).
 
 A compiling trial also has a compile deadline: the coordinator polls the compile clock the trial keeps
 in its workdir (``autotune.trial._phase``) and ends the trial as ``compile_timeout`` once torch.compile
@@ -14,19 +18,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
+import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from autotune._config import TrialOutcome
 from autotune._errors import AutotuneError
 from autotune.hardware import Capabilities
 from autotune.hardware._machine import capabilities_from_answer, probe, probe_into
 from autotune.study._signals import track_group, untrack_group
-from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, TrialSpec, _child
+from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, RANKS_ENV, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
 
 STDERR_TAIL_CHARS = 2000
@@ -171,6 +178,13 @@ def _kill_group(pid: int) -> None:
             pass
 
 
+def _free_port() -> int:
+    """A TCP port free on the loopback now, for one trial's rendezvous (the ranks bind it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _result(result_path: Path, tail: str, wall: float) -> Optional[TrialOutcome]:
     """The outcome the trial wrote (atomically, by rename), or None when it wrote none."""
     try:
@@ -181,86 +195,248 @@ def _result(result_path: Path, tail: str, wall: float) -> Optional[TrialOutcome]
     return dataclasses.replace(outcome, wall_seconds=wall)
 
 
-def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
-                 compile_timeout: Optional[float] = None) -> TrialOutcome:
-    """Run one trial in a fresh process under a wall-clock limit, and its compiles under their own.
+@dataclass(frozen=True, kw_only=True)
+class ProcessFiles:
+    """Where one trial process writes: its log (stdout and stderr), compile clock and result."""
+
+    folder: Path
+
+    @property
+    def result(self) -> Path:
+        return self.folder / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "trial.log"
+
+    @property
+    def clock(self) -> Path:
+        return self.folder / "compile_clock.json"
+
+    def prepare(self) -> None:
+        """Create the folder and drop what an earlier run left in it (raises OSError)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for stale in (self.result, self.log, self.clock):
+            stale.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessEnd:
+    """How one process of a launch ended.
+
+    Attributes:
+        index: Its place among the launched specs (the rank, in a DDP trial).
+        exitcode: Its exit code, negative for a signal (as multiprocessing reports it).
+        outcome: What it wrote as its result, or ``None``.
+        killed: The launcher killed it (a deadline, or another process of the launch failed first).
+        ended_at: When it ended (``time.time()``): the moment it wrote its result by its own clock, else when
+            the launcher saw it exit; infinite when it was killed without a result.
+    """
+
+    index: int
+    exitcode: int
+    outcome: Optional[TrialOutcome]
+    killed: bool
+    ended_at: float
+    files: ProcessFiles
+
+    @property
+    def failed(self) -> bool:
+        """It wrote a result that is not ok (or pruned), or exited by itself without one. A process killed
+        after it wrote its failure (it was still exiting) counts: it failed first."""
+        if self.outcome is not None:
+            return self.outcome.status not in ("ok", "pruned")
+        return not self.killed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """What a set of trial processes did, as ``launch`` saw it."""
+
+    ends: tuple[ProcessEnd, ...]
+    wall_seconds: float
+    timed_out: bool = False
+    compile_over: Optional[tuple[int, str, float]] = None  # (process, compile mode, seconds) past the deadline
+
+    @property
+    def first_failure(self) -> Optional[ProcessEnd]:
+        """The process that failed first. A rank that fails makes its peers fail soon after (their
+        collectives lose it), and may still be exiting when they have: the time each failure was written,
+        not the order of the exits, tells them apart."""
+        failed = [end for end in self.ends if end.failed]
+        return min(failed, key=lambda end: (end.ended_at, end.index), default=None)
+
+
+def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout: float,
+           compile_timeout: Optional[float] = None, stop_on_failure: bool = True) -> Launch:
+    """Start one trial process per spec (each its own session and process group) and wait for them.
+
+    The wait ends when every process has ended, when ``timeout`` seconds have passed, when a process's
+    compile clock passes ``compile_timeout``, or (``stop_on_failure``) when one process ends without an ok
+    result. Then every process group still alive is killed, and so is anything a finished process left
+    behind, so no process of the launch outlives it. Ctrl-C or SIGTERM kills them all at once and is
+    raised again, with ``finished_outcome`` set when a single process had already written its result.
 
     Args:
-        spec: What to run.
-        workdir: Where the trial's log (stdout and stderr), compile clock and result file go.
-        timeout: Seconds before the trial's whole process group is killed.
-        compile_timeout: Seconds of torch.compile work (as the trial's compile clock counts them) before
-            the group is killed and the trial ends as ``compile_timeout``; ``None``: no compile deadline.
+        specs: What each process runs (a rank's spec carries its rendezvous variables in ``env``).
+        files: Where each process writes (folders already prepared).
+        timeout: Seconds before every process group is killed.
+        compile_timeout: Seconds of torch.compile work (the longest compile clock of the processes).
+        stop_on_failure: End the whole launch as soon as one process fails (the ranks of one job), or let
+            the others run on (independent copies).
     """
-    result_path = workdir / "result.json"
-    log_path = workdir / "trial.log"
-    clock_path = workdir / "compile_clock.json"
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        for stale in (result_path, log_path, clock_path):
-            stale.unlink(missing_ok=True)
-    except OSError as exc:
-        return TrialOutcome("infra", error=f"cannot prepare the trial's folder {workdir}: {exc.strerror or exc}")
     if _trial_server_dead():
         start_trial_server()  # a killed server is started again now, not inside the trial's wall time
     start = time.perf_counter()
-    proc = _mp_context().Process(
-        target=_child,
-        args=(spec, str(result_path), str(log_path), os.getpid(), dict(os.environ), str(clock_path)),
-        daemon=False,
-    )
-    proc.start()
-    assert proc.pid is not None
-    track_group(proc.pid)  # a second Ctrl-C kills it at once
-    watch_compile = compile_timeout is not None and spec.config.compile != "off"
-    compile_over: Optional[tuple[str, float]] = None
+    procs = []
+    for spec, where in zip(specs, files):
+        proc = _mp_context().Process(
+            target=_child,
+            args=(spec, str(where.result), str(where.log), os.getpid(), dict(os.environ), str(where.clock)),
+            daemon=False,
+        )
+        proc.start()
+        assert proc.pid is not None
+        track_group(proc.pid)  # a second Ctrl-C kills it at once
+        procs.append(proc)
+    watch_compile = compile_timeout is not None and any(s.config.compile != "off" for s in specs)
+    exited: dict[int, float] = {}  # process -> when the launcher saw it exit
+    compile_over: Optional[tuple[int, str, float]] = None
+    failed = False
     try:
-        if watch_compile:
-            assert compile_timeout is not None
-            while compile_over is None:
-                left = timeout - (time.perf_counter() - start)
-                if left <= 0:
-                    break
-                proc.join(min(COMPILE_POLL_SECONDS, left))
-                if not proc.is_alive():
-                    break
-                mode, seconds = read_compile_seconds(str(clock_path))
-                if seconds > compile_timeout:
-                    compile_over = (mode or spec.config.compile, seconds)
-        else:
-            proc.join(timeout)
+        while len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure):
+            left = timeout - (time.perf_counter() - start)
+            if left <= 0:
+                break
+            alive = [p.sentinel for i, p in enumerate(procs) if i not in exited]
+            multiprocessing.connection.wait(alive, min(COMPILE_POLL_SECONDS, left) if watch_compile else left)
+            for i, proc in enumerate(procs):
+                if i in exited or proc.is_alive():
+                    continue
+                exited[i] = time.time()
+                outcome = _result(files[i].result, "", 0.0)
+                failed = failed or outcome is None or outcome.status not in ("ok", "pruned")
+            if watch_compile:
+                assert compile_timeout is not None
+                for i, (spec, where) in enumerate(zip(specs, files)):
+                    mode, seconds = read_compile_seconds(str(where.clock))
+                    if i not in exited and seconds > compile_timeout:
+                        compile_over = (i, mode or spec.config.compile, seconds)
+                        break
     except BaseException as exc:
         # Ctrl-C or SIGTERM: end the trial now (multiprocessing would otherwise join it at exit), and
         # hand on its result if it had already written one.
-        _kill_group(proc.pid)
-        proc.join(5)
-        untrack_group(proc.pid)
-        finished = _result(result_path, _tail(log_path), time.perf_counter() - start)
+        for proc in procs:
+            _kill_group(proc.pid)
+        for proc in procs:
+            proc.join(5)
+            untrack_group(proc.pid)
+        finished = None
+        if len(procs) == 1:
+            finished = _result(files[0].result, _tail(files[0].log), time.perf_counter() - start)
         try:
             exc.finished_outcome = finished  # type: ignore[attr-defined]
         except AttributeError:  # an exception type that takes no attributes: the result is lost with it
             pass
         raise
-    timed_out = proc.is_alive()
-    _kill_group(proc.pid)  # on a deadline, and to reap anything a finished trial left behind
-    proc.join()
-    untrack_group(proc.pid)
+    timed_out = len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure)
+    killed = {i for i in range(len(procs)) if i not in exited}
+    for proc in procs:
+        _kill_group(proc.pid)  # on a deadline or a failure, and to reap anything a finished process left behind
+    for proc in procs:
+        proc.join()
+        untrack_group(proc.pid)
     wall = time.perf_counter() - start
-    tail = _tail(log_path)
-    if compile_over is not None:
-        mode, seconds = compile_over
-        return TrialOutcome("compile_timeout", stderr_tail=tail, wall_seconds=wall,
-                            error=f"compile={mode} still compiling after {seconds:.0f}s "
+    ends = []
+    for i, proc in enumerate(procs):
+        outcome = _result(files[i].result, _tail(files[i].log), wall)
+        written = _written_at(files[i]) if outcome is not None else None
+        ended_at = written if written is not None else exited.get(i, float("inf"))
+        ends.append(ProcessEnd(index=i, exitcode=proc.exitcode or 0, outcome=outcome, killed=i in killed,
+                               ended_at=ended_at, files=files[i]))
+    return Launch(ends=tuple(ends), wall_seconds=wall, timed_out=timed_out, compile_over=compile_over)
+
+
+def _written_at(files: ProcessFiles) -> Optional[float]:
+    """When the process wrote its result, by its own clock (``ended_at`` in the result)."""
+    try:
+        value = json.loads(files.result.read_text()).get("ended_at")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def rank_specs(spec: TrialSpec) -> list[TrialSpec]:
+    """The spec of each rank of a trial: torch's env:// rendezvous on a free loopback port."""
+    ranks = spec.config.processes_per_trial
+    if ranks == 1:
+        return [spec]
+    port = str(_free_port())
+    shared = {RANKS_ENV: str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(ranks),
+              "LOCAL_WORLD_SIZE": str(ranks)}
+    return [dataclasses.replace(spec, env={**(spec.env or {}), **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank in range(ranks)]
+
+
+def rank_files(workdir: Path, ranks: int) -> list[ProcessFiles]:
+    """Rank 0 writes in the trial's folder (as a one-process trial does), rank k in ``rank<k>/`` inside it."""
+    return [ProcessFiles(folder=workdir if rank == 0 else workdir / f"rank{rank}") for rank in range(ranks)]
+
+
+def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
+                 compile_timeout: Optional[float] = None) -> TrialOutcome:
+    """Run one trial in fresh processes under a wall-clock limit, and its compiles under their own.
+
+    A trial of ``processes_per_trial`` ranks starts them all; rank 0's outcome is the trial's when every
+    rank finished, else the first rank that failed is the trial's failure, named in its error (the other
+    ranks are killed at once: they would wait on it in a collective).
+
+    Args:
+        spec: What to run.
+        workdir: Where the trial's log (stdout and stderr), compile clock and result file go (rank 0's;
+            rank k's in ``workdir/rank<k>``).
+        timeout: Seconds before the trial's process groups are killed.
+        compile_timeout: Seconds of torch.compile work (as the trial's compile clock counts them) before
+            the groups are killed and the trial ends as ``compile_timeout``; ``None``: no compile deadline.
+    """
+    ranks = spec.config.processes_per_trial
+    files = rank_files(workdir, ranks)
+    try:
+        for where in files:
+            where.prepare()
+    except OSError as exc:
+        return TrialOutcome("infra", error=f"cannot prepare the trial's folder {workdir}: {exc.strerror or exc}")
+    done = launch(rank_specs(spec), files, timeout=timeout, compile_timeout=compile_timeout)
+    wall = done.wall_seconds
+    who = (lambda i: f"rank {i} of {ranks}: ") if ranks > 1 else (lambda i: "")
+    if done.compile_over is not None:
+        index, mode, seconds = done.compile_over
+        return TrialOutcome("compile_timeout", stderr_tail=_tail(files[index].log), wall_seconds=wall,
+                            error=f"{who(index)}compile={mode} still compiling after {seconds:.0f}s "
                                   f"(compile timeout {compile_timeout:g}s)")
-    if timed_out:
-        return TrialOutcome("timeout", error=f"no result within {timeout:.0f}s", stderr_tail=tail, wall_seconds=wall)
-    outcome = _result(result_path, tail, wall)
-    if outcome is not None:
+    if done.timed_out:
+        every = f" (all {ranks} ranks killed)" if ranks > 1 else ""
+        return TrialOutcome("timeout", error=f"no result within {timeout:.0f}s{every}",
+                            stderr_tail=_tail(files[0].log), wall_seconds=wall)
+    failure = done.first_failure
+    if failure is None:
+        outcome = done.ends[0].outcome
+        assert outcome is not None
         return outcome
-    code = proc.exitcode or 0
+    outcome = _ended(failure, spec, wall)
+    return dataclasses.replace(outcome, error=who(failure.index) + outcome.error) if ranks > 1 else outcome
+
+
+def _ended(end: ProcessEnd, spec: TrialSpec, wall: float) -> TrialOutcome:
+    """The outcome of a process that ended by itself: its result, or what its exit says."""
+    if end.outcome is not None:
+        return end.outcome
+    tail = _tail(end.files.log)
+    code = end.exitcode
     if code == INFRA_EXIT_CODE:
         return TrialOutcome("infra", error="the trial process could not write its log or result "
-                            f"(its folder {workdir} vanished or is not writable)", stderr_tail=tail, wall_seconds=wall)
+                            f"(its folder {end.files.folder} vanished or is not writable)", stderr_tail=tail,
+                            wall_seconds=wall)
     if code == 255 and _trial_server_dead(wait=2.0):
         # The forkserver reports a child's exit; when it dies, every trial it forked reads as code 255.
         start_trial_server()

@@ -85,6 +85,8 @@ class SearchOptions:
         baseline: The untuned config as the user trains it, over the space's ``baseline:``: knob values
             (``{"batch_size": 32}``) or ``"batch_size=32,precision=fp32"``; knobs not named keep the
             space's. Under ``fixed`` its ``batch_size`` is also the global batch.
+        processes_per_trial: Ranks of each trial (a DDP job: one GPU per rank, gloo on a CPU) over the space's
+            ``processes_per_trial``; ``None`` keeps the space's (1 unless it says).
     """
 
     space: Any = None
@@ -98,8 +100,12 @@ class SearchOptions:
     train_minutes: Optional[float] = None
     train_steps: Optional[int] = None
     baseline: Union[str, dict[str, Any], None] = None
+    processes_per_trial: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.processes_per_trial is not None and (not isinstance(self.processes_per_trial, int)
+                                                     or self.processes_per_trial < 1):
+            raise ValueError(f"processes_per_trial must be a positive integer, not {self.processes_per_trial!r}")
         if self.baseline is not None and not isinstance(self.baseline, (str, dict)):
             raise ValueError("baseline must be knob values (a dict) or 'knob=value,...'")
         if self.batch_policy is not None and self.batch_policy not in BATCH_POLICIES:

@@ -83,6 +83,8 @@ class Tuner:
         if not isinstance(space, _space.SearchSpace):
             space = _space.load_space(space if space is not None else defaults[1] if caps.cuda else defaults[0])
         self._baseline_source = f"the space {space.name}"
+        if self.options.search.processes_per_trial is not None:
+            space = space.with_processes(self.options.search.processes_per_trial)
         stated = self._stated_baseline()
         if stated:
             space = space.with_baseline(stated)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _images, _knobs, _phase
+from autotune.trial import _distributed, _images, _knobs, _phase
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
@@ -72,7 +72,10 @@ class TrialContext:
         self.device = device or _knobs.pick_device()
         self.metric: Optional[float] = None
         self.extras: dict[str, Any] = {}
-        self.recorder = WindowRecorder(self.device)
+        self._world_size = _distributed.world_size()
+        self._rank = _distributed.rank()
+        self.recorder = WindowRecorder(self.device, distributed=self.world_size > 1)
+        self._comm_timers: list[_distributed.CommTimer] = []
         self._steps_done = 0
         self._samples_done = 0
         self._train_steps: list[_knobs.TrainStep] = []
@@ -81,6 +84,16 @@ class TrialContext:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     # -- knobs ---------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """Ranks of this trial (``processes_per_trial``); 1 for a one-process trial."""
+        return self._world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank; 0 in a one-process trial. Rank 0's measurement and metric are the trial's."""
+        return self._rank
+
     @property
     def lr_scale(self) -> float:
         """Global batch / the baseline's global batch: multiply your learning rate by it (linear scaling).
@@ -99,6 +112,24 @@ class TrialContext:
         # Whether channels_last can matter (image layers): the search and the hints read it.
         self.extras.setdefault("activations_4d", has_4d_activations(module))
         return _knobs.prepare_model(module, self.config, self.device)
+
+    def ddp(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap the model (from ``ctx.model``) for a trial of several ranks: ``DistributedDataParallel`` with
+        ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph`` and ``grad_compression`` (``bf16``
+        registers torch's bf16 compression comm hook). ``ctx.train_step`` then runs the micro-steps that only
+        accumulate under ``no_sync()``. A compiled model is compiled around the DDP module instead. With one
+        process per trial the model is returned as it is.
+
+        Raises:
+            KnobError: the model is already in DDP.
+        """
+        if self.world_size == 1:
+            return model
+        timer = _distributed.CommTimer(self.device)
+        self._comm_timers.append(timer)
+        wrapped = _distributed.wrap(model, self.config, self.device, timer)
+        self.extras["ddp.world_size"] = self.world_size
+        return wrapped
 
     def optimizer(self, cls: type, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
         """Build ``cls(params, **kwargs)`` with what the config needs: ``foreach=True`` or ``fused=True`` as
@@ -133,7 +164,8 @@ class TrialContext:
         """A DataLoader with the config's batch size, workers, pinning and prefetching.
 
         The data order depends only on ``ctx.seed``, never on the batch size, so every trial sees the
-        same samples in the same order. Incomplete last batches are dropped (static shapes).
+        same samples in the same order. Incomplete last batches are dropped (static shapes). In a trial of
+        several ranks each rank reads its own share of every epoch's order (every ``world_size``-th sample).
 
         Raises:
             KnobError: ``shuffle`` with an IterableDataset.
@@ -153,7 +185,8 @@ class TrialContext:
             if shuffle:
                 raise KnobError("ctx.loader cannot shuffle an IterableDataset (it has no indices): pass shuffle=False")
         else:
-            options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle)
+            options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle, rank=self.rank,
+                                           world_size=self.world_size)
         options.update(kwargs)
         return torch.utils.data.DataLoader(dataset, **options)
 
@@ -427,9 +460,12 @@ class TrialContext:
         losses, every = self._loss_trajectory()
         if self._train_steps and skips > 0.5 * max(1, self._steps_done):
             raise NonFiniteLoss(f"the fp16 scaler skipped {skips} of {self._steps_done} steps as non-finite")
+        if self.world_size > 1:
+            self._record_ranks()
+            losses = _distributed.mean_across_ranks(losses, self.device)  # the job's loss, not rank 0's shard
         return summarize(
             self.recorder,
-            total_samples=self._samples_done,
+            total_samples=self._samples_done * self.world_size,
             total_steps=self._steps_done,
             compiled=self.config.compile != "off",
             capture_seconds=sum(s.capture_seconds for s in self._train_steps),
@@ -440,6 +476,18 @@ class TrialContext:
             losses=losses,
             loss_every=every,
         )
+
+    def _record_ranks(self) -> None:
+        """What the DDP knobs did, with the measurement: the all-reduce's share of the timed windows and
+        the micro-steps run under ``no_sync()``."""
+        timed = sum(w.seconds for w in self.recorder.windows)
+        comm = sum(t.seconds for t in self._comm_timers)
+        self.extras["ddp.world_size"] = self.world_size
+        if self._comm_timers and timed > 0:
+            self.extras["ddp.allreduce_seconds"] = round(comm, 6)
+            self.extras["ddp.allreduce_share"] = round(min(1.0, comm / timed), 4)
+            self.extras["ddp.allreduce_timer"] = "cuda-events" if self.device.type == "cuda" else "wall-clock"
+        self.extras["ddp.no_sync_steps"] = sum(s.no_sync_steps for s in self._train_steps)
 
 
 class StepClock:
@@ -483,6 +531,8 @@ class StepClock:
             self._start = time.perf_counter()
         if self.warmup <= step < self.timed_end and (step - self.warmup) % self.window_steps == 0:
             recorder.begin_window()
+            for timer in self.ctx._comm_timers:
+                timer.begin_window()
             if self._sampler is not None and step == self.warmup:
                 self._sampler.start()
         self._fetch = time.perf_counter()
@@ -524,6 +574,8 @@ class StepClock:
             recorder.warmup_seconds = time.perf_counter() - self._start
         if self.warmup < step + 1 <= self.timed_end and (step + 1 - self.warmup) % self.window_steps == 0:
             window = recorder.end_window()
+            for timer in ctx._comm_timers:
+                timer.end_window()
             window.data_wait_seconds += self._stalls.collect()
             if step + 1 == self.timed_end:
                 ctx._stop_sampling(self._sampler)
@@ -552,17 +604,22 @@ class DataOrder(torch.utils.data.Sampler):
         n: Dataset length.
         seed: The trial's seed.
         shuffle: A new permutation each epoch; otherwise ``0 .. n-1``.
+        rank: This rank, of ``world_size``: it yields every ``world_size``-th sample of the order from its
+            own offset (the same permutation on every rank, so the ranks' shares never overlap).
+        world_size: Ranks that share the data.
     """
 
-    def __init__(self, n: int, *, seed: int, shuffle: bool) -> None:
+    def __init__(self, n: int, *, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1) -> None:
         self.n = n
         self.seed = seed
         self.shuffle = shuffle
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = -1
         self._resume: Optional[int] = None
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // self.world_size
 
     def resume_at(self, consumed: int) -> None:
         """Make the next ``iter()`` continue this epoch after its first ``consumed`` samples."""
@@ -579,7 +636,8 @@ class DataOrder(torch.utils.data.Sampler):
             order = torch.randperm(self.n, generator=generator).tolist()
         else:
             order = list(range(self.n))
-        return iter(order[skip:])
+        mine = order[self.rank:self.n // self.world_size * self.world_size:self.world_size]
+        return iter(mine[skip:])
 
 
 def _resumable_order(source: Any) -> Optional[DataOrder]:

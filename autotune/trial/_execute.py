@@ -49,6 +49,9 @@ class TrialSpec:
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
 
 
+# Set by the launcher on every rank of a trial of several processes (its value: the ranks). torch's own
+# RANK/WORLD_SIZE alone do not make a rank: a tuner itself started under torchrun passes them to every trial.
+RANKS_ENV = "AUTOTUNE_TRIAL_RANKS"
 # The exit code of a trial process that could not write its log or its result: an infrastructure fault.
 INFRA_EXIT_CODE = 75  # EX_TEMPFAIL
 # What an address-space limit (--memory-limit) breaks besides big allocations: threads and processes.
@@ -108,17 +111,22 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
     """
     import torch
 
-    from autotune.trial import _knobs, _phase
+    from autotune.trial import _distributed, _knobs, _phase
     from autotune.trial._context import TrialContext, TrialPruned
 
     start = time.perf_counter()
     if compile_clock_path is not None and spec.config.compile != "off":
         _phase.install(compile_clock_path, spec.config.compile)
+    rank = _distributed.rank_from_env() if RANKS_ENV in os.environ else None
     try:
         fn = load_target(spec.target)
-        device = _knobs.pick_device()
+        device = _distributed.device_for(rank) if rank is not None else _knobs.pick_device()
         if spec.memory_limit_gib is not None and device.type == "cpu":
             _limit_address_space(spec.memory_limit_gib)
+        if rank is not None:
+            if device.type == "cpu" and spec.config.cpu_threads is None:
+                _share_cores(rank.world_size)
+            _distributed.start(rank, device)
         torch.manual_seed(spec.seed)
         with _knobs.applied(spec.config, device):
             ctx = TrialContext(
@@ -146,10 +154,26 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
             measurement = ctx.measurement()
         return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
+        rank = None  # a failed rank leaves its group to the process's exit: a teardown may wait on a dead peer
         traceback.print_exc()
         status = "error" if isinstance(exc, WorkloadError) else classify_exception(
             exc, memory_limited=spec.memory_limit_gib is not None)
         return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
+    finally:
+        if rank is not None:
+            try:
+                _distributed.stop()
+            except Exception:  # noqa: BLE001 - a peer that died leaves the group broken; the result stands
+                pass
+
+
+def _share_cores(ranks: int) -> None:
+    """Give each CPU rank its share of the cores (torch would start as many threads as cores in every rank)."""
+    import torch
+
+    from autotune.hardware._machine import usable_cpus
+
+    torch.set_num_threads(max(1, usable_cpus() // ranks))
 
 
 def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
@@ -201,7 +225,8 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         os.environ.update(spec.env)
     outcome = execute(spec, compile_clock_path)
     try:
-        text = json.dumps(outcome.to_dict())
+        # When it ended, for the launcher: of the ranks of one trial, the first to fail is the one to name.
+        text = json.dumps({**outcome.to_dict(), "ended_at": time.time()})
     except (TypeError, ValueError) as exc:  # something the workload handed over is not JSON
         text = json.dumps(TrialOutcome("error", error=f"the trial's result is not JSON-serialisable: {exc}",
                                        run_seconds=outcome.run_seconds).to_dict())

@@ -13,6 +13,7 @@ import torch
 from autotune._config import TrialConfig
 from autotune._errors import KnobError, WorkloadError
 from autotune.hardware._machine import SDPA_BACKENDS
+from autotune.trial._distributed import find_ddp
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as torch's docs prescribe
@@ -305,6 +306,11 @@ class TrainStep:
         self.use_graph = config.cuda_graphs
         if self.use_graph and device.type != "cuda":
             raise KnobError("cuda_graphs needs a CUDA device")
+        self._ddp = find_ddp(model)  # from ctx.ddp: micro-steps that only accumulate run under no_sync()
+        self.no_sync_steps = 0
+        self._ddp_synced = False  # a backward of the DDP model has all-reduced
+        if self.use_graph and self._ddp is not None:
+            raise KnobError("cuda_graphs with a DDP model (ctx.ddp): a captured step of several ranks is not supported")
         if self.use_graph and self.scaler is not None and not getattr(optimizer, "_step_supports_amp_scaling", False):
             raise KnobError(
                 "fp16 with CUDA Graphs needs an optimizer that takes the scale on the device, "
@@ -357,10 +363,21 @@ class TrainStep:
             )
         return loss
 
-    def _backward(self, args: tuple[Any, ...]) -> torch.Tensor:
-        """Forward and backward of one micro-batch; gradients add into ``.grad``. Returns the unscaled loss."""
+    def _backward(self, args: tuple[Any, ...], sync: bool = True) -> torch.Tensor:
+        """Forward and backward of one micro-batch; gradients add into ``.grad``. Returns the unscaled loss.
+
+        With a DDP model and ``sync`` false (a micro-step that only accumulates) both run under
+        ``no_sync()``: the gradients stay local until the global batch's last micro-step all-reduces them.
+        """
+        # DDP's static graph is recorded in its first backward, which must all-reduce; syncing one
+        # accumulating micro-step costs an all-reduce but not correctness (the mean is linear).
+        local = self._ddp is not None and not sync and (self._ddp_synced or not self._ddp.static_graph)
+        if local:
+            self.no_sync_steps += 1
+        elif self._ddp is not None:
+            self._ddp_synced = True
         # The backward pass re-runs the forward of checkpointed blocks: it must see the same attention kernel.
-        with attention_kernels(self.config):
+        with (self._ddp.no_sync() if local else contextlib.nullcontext()), attention_kernels(self.config):
             with autocast(self.config, self.device):
                 loss = self._loss(args)
             scaled = loss / self.accumulation if self.accumulation > 1 else loss
@@ -390,7 +407,7 @@ class TrainStep:
     def _eager(self, args: tuple[Any, ...], first: bool, last: bool) -> torch.Tensor:
         if first:
             self.optimizer.zero_grad(set_to_none=True)
-        loss = self._backward(args)
+        loss = self._backward(args, sync=last)
         if last:
             self._optimizer_step()
         return loss

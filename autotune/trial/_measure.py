@@ -1,7 +1,9 @@
 """Timed windows: measuring only, no decisions.
 
 A window starts and ends with a device synchronisation, so its wall time covers exactly the work
-queued inside it. Throughput is the median over windows; the spread is reported beside it.
+queued inside it. Throughput is the median over windows; the spread is reported beside it. In a trial of
+several ranks every rank starts a window together (a barrier) and the window counts every rank's samples
+over the slowest rank's seconds, so rank 0 reports the job's global throughput.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from autotune._config import Measurement
+from autotune.trial import _distributed
 
 
 def synchronize(device: torch.device) -> None:
@@ -40,6 +43,7 @@ class WindowRecorder:
     """Collects timed windows and the warm-up timings of one trial."""
 
     device: torch.device
+    distributed: bool = False  # one rank of several: windows are agreed across ranks
     windows: list[Window] = field(default_factory=list)
     warmup_seconds: float = 0.0
     first_step_seconds: float = 0.0
@@ -50,6 +54,8 @@ class WindowRecorder:
 
     def begin_window(self) -> None:
         synchronize(self.device)
+        if self.distributed:
+            _distributed.barrier(self.device)
         self._start = time.perf_counter()
         self._steps = self._samples = 0
         self._wait = 0.0
@@ -67,6 +73,10 @@ class WindowRecorder:
         assert self._start is not None, "end_window without begin_window"
         synchronize(self.device)
         window = Window(time.perf_counter() - self._start, self._steps, self._samples, self._wait, started=self._start)
+        if self.distributed:
+            seconds, samples, wait = _distributed.agree_window(window.seconds, window.samples,
+                                                               window.data_wait_seconds, self.device)
+            window = Window(seconds, window.steps, samples, wait, started=self._start)
         self.windows.append(window)
         self._start = None
         return window

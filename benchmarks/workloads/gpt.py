@@ -5,25 +5,33 @@ Each sequence follows a fixed random successor map over 1,024 of the vocabulary'
 the current token's successor 90% of the time and a random one of the 1,024 otherwise. The loss falls from
 ln(32000) = 10.4 towards the stream's entropy (about 1.0 nats), so the loss trajectory and the held-out
 next-token accuracy are real, learnable signals. AdamW at lr 3e-4, not scaled with the batch.
+
+``train`` also runs as a DDP trial (``processes_per_trial``): the model goes through ``ctx.ddp`` (nothing
+changes with one process) and each rank draws its own streams. ``AUTOTUNE_BENCH_SIZE=tiny`` makes it the
+2-layer, 64-token ``GPT_TINY``, to check a runner on a CPU.
 """
+
+import os
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from benchmarks.tables.sweep import GPT, GPT_FULL
+from benchmarks.tables.sweep import GPT, GPT_FULL, GPT_TINY
 
-ACTIVE_TOKENS = 1024
+SHAPE = GPT_TINY if os.environ.get("AUTOTUNE_BENCH_SIZE") == "tiny" else GPT_FULL
+ACTIVE_TOKENS = min(1024, SHAPE.vocab)
 FOLLOW = 0.9
+RANK_SEED = 7919  # rank k draws its streams with seed + k * RANK_SEED (rank 0 keeps the one-process data)
 
 
 def _streams(n: int, *, seed: int, device: torch.device) -> torch.Tensor:
-    """``n`` sequences of ``GPT_FULL.seq + 1`` tokens; the successor map is fixed, ``seed`` draws the streams."""
+    """``n`` sequences of ``SHAPE.seq + 1`` tokens; the successor map is fixed, ``seed`` draws the streams."""
     fixed = torch.Generator().manual_seed(1234)
-    tokens = torch.randperm(GPT_FULL.vocab, generator=fixed)[:ACTIVE_TOKENS]
+    tokens = torch.randperm(SHAPE.vocab, generator=fixed)[:ACTIVE_TOKENS]
     successor = torch.randperm(ACTIVE_TOKENS, generator=fixed)
     gen = torch.Generator().manual_seed(seed)
-    length = GPT_FULL.seq + 1
+    length = SHAPE.seq + 1
     index = torch.empty(n, length, dtype=torch.long)
     index[:, 0] = torch.randint(0, ACTIVE_TOKENS, (n,), generator=gen)
     jumps = torch.rand(n, length, generator=gen) > FOLLOW
@@ -51,10 +59,10 @@ class _Sequences:
 
 def train(ctx) -> None:
     torch.manual_seed(ctx.seed)
-    model = ctx.model(GPT(GPT_FULL))
+    model = ctx.ddp(ctx.model(GPT(SHAPE)))
     optimizer = ctx.optimizer(torch.optim.AdamW, model.parameters(), lr=3e-4, weight_decay=0.1)
     step = ctx.train_step(model, optimizer, _loss)
-    pool = _streams(1024, seed=ctx.seed, device=ctx.device)
+    pool = _streams(1024, seed=ctx.seed + RANK_SEED * ctx.rank, device=ctx.device)
     for ids, targets in ctx.batches(_Sequences(pool, ctx.config.batch_size)):
         step(ids, targets)
     test = _streams(64, seed=10_000, device=ctx.device)

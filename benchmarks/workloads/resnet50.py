@@ -14,13 +14,22 @@ Both tasks draw pixel noise of 1.0 around the class templates. The device task u
 H200 run: fp32 itself then did not converge in 60 steps (0.39 at batch 512), so the accuracy check at
 large batches compared unconverged models and measured luck, not precision. At 1.0 every trial of the
 third run at batch 256-512 reached 0.998-1.000.
+
+``train_device`` also runs as a DDP trial (``processes_per_trial``): the model goes through ``ctx.ddp``
+(nothing changes with one process) and each rank draws its own images. ``AUTOTUNE_BENCH_SIZE=tiny`` swaps in
+the demo's small CNN at 32x32, to check a runner on a CPU (its numbers mean nothing).
 """
+
+import os
 
 import torch
 import torchvision
 from torch import nn
 
-from autotune.demo import _DeviceBatches, evaluate, synthetic_images
+from autotune.demo import _DeviceBatches, evaluate, small_cnn, synthetic_images
+
+SIZE_ENV = "AUTOTUNE_BENCH_SIZE"
+RANK_SEED = 7919  # rank k draws its images with seed + k * RANK_SEED (rank 0 keeps the one-process data)
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
@@ -36,11 +45,13 @@ def _fit(ctx, model, batches, normalise=None) -> None:
 
 def train_device(ctx) -> None:
     torch.manual_seed(ctx.seed)
-    model = ctx.model(torchvision.models.resnet50(num_classes=1000))
-    images, labels = synthetic_images(max(2048, 2 * ctx.config.batch_size), 224, seed=ctx.seed, device="cuda",
-                                    noise=NOISE)
+    tiny = os.environ.get(SIZE_ENV) == "tiny"
+    size = 32 if tiny else 224
+    model = ctx.ddp(ctx.model(small_cnn() if tiny else torchvision.models.resnet50(num_classes=1000)))
+    images, labels = synthetic_images(max(256 if tiny else 2048, 2 * ctx.config.batch_size), size,
+                                      seed=ctx.seed + RANK_SEED * ctx.rank, device=ctx.device, noise=NOISE)
     _fit(ctx, model, _DeviceBatches(images, labels, ctx.config.batch_size))
-    test_x, test_y = synthetic_images(512, 224, seed=10_000, device="cuda", noise=NOISE)
+    test_x, test_y = synthetic_images(64 if tiny else 512, size, seed=10_000, device=ctx.device, noise=NOISE)
     ctx.report_metric(evaluate(ctx, model, test_x, test_y))
 
 
