@@ -268,8 +268,13 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
     lines = [line[len(_PROBE_MARK):] for line in proc.stdout.splitlines() if line.startswith(_PROBE_MARK)]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["no output"])[-1]
-        raise AutotuneError(f"the hardware probe gave no answer (did {target or 'it'} exit at import?): {tail[:300]}")
+        raise no_answer_error(target, tail)
     return capabilities_from_answer(json.loads(lines[-1]))
+
+
+def no_answer_error(target: Optional[str], tail: str) -> AutotuneError:
+    """The error of a probe process that ended without answering, with the last line it printed."""
+    return AutotuneError(f"the hardware probe gave no answer (did {target or 'it'} exit at import?): {tail[:300]}")
 
 
 def capabilities_from_answer(answer: dict[str, Any]) -> Capabilities:

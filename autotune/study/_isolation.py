@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence
 from autotune._config import TrialOutcome
 from autotune._errors import AutotuneError
 from autotune.hardware import Capabilities
-from autotune.hardware._machine import capabilities_from_answer, probe, probe_into
+from autotune.hardware._machine import capabilities_from_answer, no_answer_error, probe, probe_into
 from autotune.study._signals import track_group, untrack_group
 from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, RANKS_ENV, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
@@ -115,8 +115,7 @@ def probe_in_trial_server(target: Optional[str], *, timeout: float = 300.0) -> C
         except EOFError:
             process.join(5)
             output = Path(log_path).read_text(errors="replace").strip().splitlines() if os.path.exists(log_path) else []
-            raise AutotuneError(f"the hardware probe gave no answer (did {target or 'it'} exit at import?): "
-                                f"{(output or [f'exit code {process.exitcode}'])[-1][:300]}") from None
+            raise no_answer_error(target, (output or [f"exit code {process.exitcode}"])[-1]) from None
         finally:
             if process.is_alive():
                 process.join(10)

@@ -300,7 +300,7 @@ def study(args: argparse.Namespace, work: Path, timeout: float, env: dict[str, s
 def _shown(command: list[str], work: Path) -> str:
     """The command as the report prints it: paths relative to the repository and to ``--workdir``."""
     def short(arg: str) -> str:
-        path, sep, rest = arg.partition(":") if not arg.startswith("/") or ":" in arg else (arg, "", "")
+        path, sep, rest = arg.partition(":")  # a target is PATH:FUNC; any other argument has no ":"
         if not path.startswith("/"):
             return arg
         for root, label in ((work, "WORKDIR/"), (REPO, "")):
