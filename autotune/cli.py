@@ -382,8 +382,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say("Why it wins: it changes " + "; ".join(changed) + ".")
         else:
             say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
-        if not alternated and not result.is_baseline and top_k >= 2:
-            # With --top-k 0 (or 1) the user chose single runs: the caption says so, and no advice is due.
+        if not alternated and not result.is_baseline and top_k >= 1:
+            # With --top-k 0 the user chose single runs: the caption says so, and no advice is due.
             say("These numbers are single runs: the top-K re-measurement did not run, since fewer than two "
                 "feasible configs (the baseline counting as one) were there to alternate.")
         if result.baseline_source:

@@ -53,7 +53,7 @@ def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOpti
     is still running (its worker confirms when it finishes), or when another worker holds the claim.
     Returns whether it ran.
     """
-    if options.top_k < 2:
+    if options.top_k < 1:  # top-1 still alternates the pick with the baseline
         return False
     ranked, baseline_trial, baseline = _candidates(study, options.top_k)
     order = [(str(r.number), r.config) for r in ranked]

@@ -218,6 +218,16 @@ GRID = [  # the hand grid, from the baseline; a config the machine cannot run is
     {"precision": "bf16", "attention": "flash", "compile": "default", "cuda_graphs": True, "optimizer_impl": "fused",
      "batch_size": 32},
 ]
+LONG_GRID = [  # the expensive compile modes, which only a declared long training pays for, beside the default
+    {"precision": "fp32", "attention": "explicit"},
+    {"precision": "bf16", "attention": "auto", "compile": "default", "cuda_graphs": True, "optimizer_impl": "fused"},
+    {"precision": "bf16", "attention": "auto", "compile": "max-autotune-no-cudagraphs", "cuda_graphs": True,
+     "optimizer_impl": "fused"},
+    {"precision": "bf16", "attention": "auto", "compile": "max-autotune", "optimizer_impl": "fused"},
+    # a data point outside the space: twice the global batch (a different optimisation, so not a candidate)
+    {"precision": "bf16", "attention": "auto", "compile": "default", "cuda_graphs": True, "optimizer_impl": "fused",
+     "batch_size": 128, "global_batch": 128, "batch_policy": "scale"},
+]
 TINY_GRID = [  # a CPU: no graphs, fp32 (bf16 has no fast CPU kernels here), no compile (minutes on few cores)
     {"precision": "fp32", "attention": "explicit"},
     {"precision": "fp32", "attention": "auto"},
@@ -279,6 +289,8 @@ def study(args: argparse.Namespace, work: Path, timeout: float, env: dict[str, s
                "--study", "lm", "--trials", str(args.trials), "--timeout", str(int(timeout)), "--top-k",
                str(args.top_k), "--trial-timeout", str(args.trial_timeout), "--studies-dir", str(studies),
                "--no-progress"]
+    if args.train_minutes is not None:
+        command += ["--train-minutes", f"{args.train_minutes:g}"]
     started = time.monotonic()
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - started
@@ -392,6 +404,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--deadline", type=float, default=420.0, help="seconds for the whole run")
     parser.add_argument("--confirm-reserve", type=float, default=120.0,
                         help="seconds kept for the top-K confirmation after the study's trials")
+    parser.add_argument("--grid", choices=("default", "long"), default="default",
+                        help="the hand grid: the usual cells, or the expensive compile modes beside the default one")
+    parser.add_argument("--train-minutes", type=float, default=None,
+                        help="the training length declared to the study (lets max-autotune compiles pay off)")
     parser.add_argument("--skip", choices=("kernels", "grid", "study"), action="append", default=[])
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -407,7 +423,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     gpt = _example()
     seq = gpt.shape().seq
     checks = kernel_checks(gpt, caps, device) if "kernels" not in args.skip else []
-    cells = grid(gpt, space, caps, device, TINY_GRID if args.tiny else GRID) if "grid" not in args.skip else []
+    cells = TINY_GRID if args.tiny else {"default": GRID, "long": LONG_GRID}[args.grid]
+    cells = grid(gpt, space, caps, device, cells) if "grid" not in args.skip else []
     args.workdir.mkdir(parents=True, exist_ok=True)
     found: dict[str, Any] = {"error": "skipped"}
     if "study" not in args.skip:
