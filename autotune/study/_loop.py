@@ -26,6 +26,8 @@ from autotune.study._signals import interrupt_reason
 from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
+# How bad a verdict is, for the worst of a co-located trial's copies.
+VERDICT_SEVERITY = {"equivalent": 0, "unchecked": 1, "degraded": 2, "diverged": 3}
 INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
 
 
@@ -317,11 +319,16 @@ class TrialLoop:
     def _worst_copy(self, study: optuna.Study, config: TrialConfig, m: Measurement, colocation: Colocation) -> Any:
         """The accuracy verdict of each copy (its own loss trajectory and metric); the trial's is the worst."""
         verdicts = [(self.references.judge(study, config, dataclasses.replace(m, losses=c.losses, metric=c.metric,
-                                                                               loss_every=c.loss_every)), c.index)
+                                                                               loss_every=c.loss_every),
+                                           same_seed=c.index == 0), c.index)
                     for c in colocation.copies]
-        worst, index = max(verdicts, key=lambda pair: (pair[0].constraint, pair[0].accuracy_loss))
-        return dataclasses.replace(worst, evidence=f"copy {index} of {colocation.count}, the worst of the copies: "
-                                                   f"{worst.evidence}")
+        worst, index = max(verdicts, key=lambda pair: (VERDICT_SEVERITY.get(pair[0].label, 0), pair[0].constraint))
+        seeds = " (copies past 0 train with other seeds: their loss trajectories are judged, not their metrics)"
+        # The trial's metric loss and constraint are the largest of any copy's (copy 0's metric among them).
+        return dataclasses.replace(worst, evidence=f"copy {index} of {colocation.count}, the worst of the copies"
+                                                   f"{seeds}: {worst.evidence}",
+                                   accuracy_loss=max(v.accuracy_loss for v, _ in verdicts),
+                                   constraint=max(v.constraint for v, _ in verdicts))
 
     def _tell_infra(self, trial: optuna.Trial, outcome: TrialOutcome) -> None:
         """A trial whose surroundings failed: FAIL (no budget spent, nothing for the sampler or a duplicate to
