@@ -285,3 +285,15 @@ def test_a_killed_study_leaves_no_copy_and_no_daemon(tmp_path: Path, how: signal
     assert len(pids) == 4
     assert not _all_gone(pids + [daemon], seconds=20)
     assert not (pipe / "control").exists()
+
+
+def test_the_mps_option_reaches_the_tuner_and_is_checked() -> None:
+    from autotune import cli
+
+    args = cli.build_parser().parse_args(["tune", "examples/train.py:train", "--mps", "off"])
+    assert cli._tuner(args, "examples/train.py:train").options.study.mps == "off"
+    assert Tuner("examples/train.py:train").options.study.mps == "auto"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["tune", "examples/train.py:train", "--mps", "maybe"])
+    with pytest.raises(ValueError, match="mps must be one of auto, on, off"):
+        Tuner("examples/train.py:train", mps="maybe")

@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python3 -m benchmarks.runners.colocation_h200 --out benchmarks/results/colocation-h200.md \\
         --workdir /scratch/coloc --deadline 450
 
-Run it from the repository root (the workloads are named by their paths from there). For each workload of
+Run it from the repository root (the workloads are named by their paths from there); on the GPU host, with
+the optuna wheels installed into a folder on ``PYTHONPATH`` (see the GPU host's notes). For each workload of
 ``benchmarks/workloads/colocation.py`` (a tiny transformer LM, 2 layers, d_model 128, 64 tokens; a small CNN
 on 32 x 32 images):
 
