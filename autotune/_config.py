@@ -81,6 +81,8 @@ class TrialConfig:
     batch_policy: str = "fixed"
     global_batch: Optional[int] = None  # samples per optimizer step over every rank; None: no accumulation
     processes_per_trial: int = 1  # ranks of one trial (a DDP job); batch_size is each rank's micro-batch
+    processes_per_gpu: int = 1  # independent copies of the training trained at once on one device (co-location)
+    mps: bool = False  # the copies run as clients of the CUDA MPS daemon (else time-sliced)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -97,10 +99,19 @@ class TrialConfig:
         for name in ("gradient_as_bucket_view", "static_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, not {getattr(self, name)!r}")
-        for name in ("bucket_cap_mb", "processes_per_trial"):
+        if not isinstance(self.mps, bool):
+            raise ValueError(f"mps must be true or false, not {self.mps!r}")
+        for name in ("bucket_cap_mb", "processes_per_trial", "processes_per_gpu"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if self.processes_per_gpu > 1 and self.processes_per_trial > 1:
+            raise ValueError(f"processes_per_gpu {self.processes_per_gpu} with processes_per_trial "
+                             f"{self.processes_per_trial}: a DDP trial already puts one rank on each GPU, and "
+                             "co-located copies of a DDP job are not supported")
+        if self.processes_per_gpu * self.memory_fraction > 1 + 1e-9:
+            raise ValueError(f"{self.processes_per_gpu} processes per GPU x memory_fraction {self.memory_fraction:g} "
+                             "is more than the whole device")
         step = self.batch_size * self.processes_per_trial  # samples of one micro-step over every rank
         if self.global_batch is not None and (self.global_batch < step or self.global_batch % step):
             ranks = f" x {self.processes_per_trial} ranks" if self.processes_per_trial > 1 else ""
@@ -163,6 +174,10 @@ class TrialConfig:
                 parts.append("static_graph")
             if self.grad_compression != "none":
                 parts.append(f"compress={self.grad_compression}")
+        if self.processes_per_gpu > 1:
+            parts.append(f"x{self.processes_per_gpu}/gpu" + (" mps" if self.mps else ""))
+        elif self.mps:
+            parts.append("mps")
         if self.loader == "dali":
             parts.append(f"dali threads={self.dali_threads} prefetch={self.dali_prefetch}")
         else:
@@ -174,10 +189,23 @@ class TrialConfig:
             if self.num_workers > 0 and self.persistent_workers:
                 parts.append("persistent")
         if self.memory_fraction < 1.0:
-            parts.append(f"memfrac={self.memory_fraction:g}")
+            parts.append(f"memfrac={self.memory_fraction:.3g}")
         if self.cpu_threads is not None:
             parts.append(f"threads={self.cpu_threads}")
         return " ".join(parts)
+
+    @property
+    def packing(self) -> str:
+        """How the config packs the device, in words (for best_config.json and ``autotune best``)."""
+        share = f"each capped at {self.memory_fraction:.3g} of the GPU's memory" if self.memory_fraction < 1.0 \
+            else "no memory cap"
+        if self.processes_per_gpu == 1:
+            mps = ", as a CUDA MPS client" if self.mps else ""
+            return f"one training process per GPU ({share}{mps})"
+        mps = "under CUDA MPS (kernels of the processes run concurrently)" if self.mps \
+            else "without MPS (the GPU time-slices between the processes)"
+        return (f"{self.processes_per_gpu} independent training processes per GPU, {share} "
+                f"(torch.cuda.set_per_process_memory_fraction), {mps}")
 
 
 @dataclass(frozen=True)
@@ -250,6 +278,82 @@ class Measurement:
         return cls(**data)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CopyRun:
+    """One copy of a co-located trial (``processes_per_gpu`` > 1): what it measured and when it was timed.
+
+    ``timed_start``/``timed_end`` are wall-clock times (``time.time()``) of its first window's start and its
+    last window's end; ``busy_end`` is when it stopped training (it trains on, untimed, until every copy has
+    finished its windows).
+    """
+
+    index: int
+    throughput: float
+    timed_start: float
+    timed_end: float
+    busy_end: float
+    losses: tuple[float, ...] = ()
+    loss_every: int = 1
+    metric: Optional[float] = None
+    peak_memory_gib: float = 0.0
+    overtime_steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["losses"] = list(self.losses)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CopyRun":
+        return cls(**{**data, "losses": tuple(data.get("losses", ()))})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Colocation:
+    """The copies of one co-located trial, and how well their timed windows overlapped.
+
+    ``overlap`` is the smallest, over the copies, share of a copy's timed span during which every copy was
+    training (inside its timed windows, or training on untimed after them): 1 means no copy was timed while
+    another had started late or stopped. ``timed_overlap`` is stricter: the share during which every copy was
+    inside its own timed windows (below 1 when the copies' windows end at different times).
+    """
+
+    copies: tuple[CopyRun, ...]
+    memory_fraction: float
+    mps: bool
+    overlap: float
+    timed_overlap: float
+
+    @property
+    def count(self) -> int:
+        return len(self.copies)
+
+    @property
+    def aggregate(self) -> float:
+        """Samples per second of every copy together: the trial's objective."""
+        return sum(c.throughput for c in self.copies)
+
+    @property
+    def slowest(self) -> CopyRun:
+        return min(self.copies, key=lambda c: c.throughput)
+
+    @property
+    def summary(self) -> str:
+        """One line: the copies, the slowest, the overlap (the progress line and the report)."""
+        mps = "MPS" if self.mps else "no MPS"
+        return (f"{self.count} copies ({mps}), slowest copy {self.slowest.index} at {self.slowest.throughput:,.1f}/s, "
+                f"overlap {self.overlap:.0%} (timed windows {self.timed_overlap:.0%})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"copies": [c.to_dict() for c in self.copies], "memory_fraction": self.memory_fraction,
+                "mps": self.mps, "overlap": self.overlap, "timed_overlap": self.timed_overlap}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Colocation":
+        return cls(copies=tuple(CopyRun.from_dict(c) for c in data["copies"]), memory_fraction=data["memory_fraction"],
+                   mps=data["mps"], overlap=data["overlap"], timed_overlap=data["timed_overlap"])
+
+
 @dataclass(frozen=True)
 class TrialOutcome:
     """A trial process's result: a measurement, or the class of its failure with the evidence."""
@@ -261,6 +365,7 @@ class TrialOutcome:
     signal: Optional[str] = None
     wall_seconds: float = 0.0  # the trial process from start to reaped, as the coordinator sees it
     run_seconds: float = 0.0  # inside the process: loading train_fn and running it
+    colocation: Optional[Colocation] = None  # the copies of a trial of processes_per_gpu > 1
 
     @property
     def ok(self) -> bool:
@@ -275,6 +380,7 @@ class TrialOutcome:
             "signal": self.signal,
             "wall_seconds": self.wall_seconds,
             "run_seconds": self.run_seconds,
+            "colocation": self.colocation.to_dict() if self.colocation else None,
         }
 
     @classmethod
@@ -288,6 +394,7 @@ class TrialOutcome:
             signal=data.get("signal"),
             wall_seconds=data.get("wall_seconds", 0.0),
             run_seconds=data.get("run_seconds", 0.0),
+            colocation=Colocation.from_dict(data["colocation"]) if data.get("colocation") else None,
         )
 
 

@@ -90,6 +90,7 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="stop a trial after its first timed window when it runs below this fraction of the best "
                         "so far (default 0.5; 0: never)")
     p.add_argument("--seed", type=int, default=0)
+    _add_mps_option(p)
     p.add_argument("--studies-dir", default="studies", help="where outputs go (default studies/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true",
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--studies-dir", default="studies")
     worker.add_argument("--no-progress", action="store_true")
     worker.add_argument("--no-plots", action="store_true")
+    _add_mps_option(worker)
 
     demo = sub.add_parser("demo", help="tune the built-in demo workload (small CNN on CPU, ResNet-50 on GPU)")
     _add_study_options(demo, trials=8)
@@ -172,13 +174,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_mps_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mps", choices=("auto", "on", "off"), default="auto",
+                   help="CUDA MPS for trials of mps=true, when the space has it: auto uses a running daemon or "
+                        "starts one for the study (stopped when it ends), else measures without; on: fail "
+                        "where it cannot start; off: never (default auto)")
+
+
 # CLI option -> Tuner keyword, for the options a subcommand has (a worker takes the rest from the study).
 _TUNER_OPTIONS = {
     "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
-    "baseline": "baseline", "nproc_per_trial": "processes_per_trial",
+    "baseline": "baseline", "nproc_per_trial": "processes_per_trial", "mps": "mps",
 }
 
 
@@ -389,6 +398,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         if result.baseline_source:
             say(f"Baseline {result.baseline.describe()}: from {result.baseline_source}.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
+        if result.best.config.processes_per_gpu > 1 or result.best.config.mps:
+            say(f"Packing: {result.best.config.packing}; the samples/s are every process's together.")
         _say_accuracy(say, result)
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
@@ -448,6 +459,8 @@ def _best(args: argparse.Namespace) -> int:
     if paste:
         doc["paste"] = {paste[0]: paste[1]}
     doc = _finite(doc)
+    if doc.get("packing"):
+        print(f"packing: {doc['packing']['what']}", file=sys.stderr)  # in words, beside the document on stdout
     if args.format == "yaml":
         import yaml
 

@@ -26,7 +26,7 @@ COMMANDS = {
     "tune": {"target", "--space", "--trials", "--timeout", "--study", "--storage", "--max-accuracy-loss",
              "--metric-direction", "--accuracy-reference", "--trial-timeout", "--memory-limit", "--confirm-samples",
              "--top-k", "--prune-below", "--seed", "--studies-dir", "--no-progress", "--no-plots", "--grace-period",
-             "--workers", "--create-only", "--baseline", "--nproc-per-trial"},
+             "--workers", "--create-only", "--baseline", "--nproc-per-trial", "--mps"},
     "worker": {"target", "--study", "--storage", "--no-plots"},
     "demo": {"--baseline"},
     "best": {"study"},
@@ -42,13 +42,13 @@ CONFIG_FIELDS = [
     "pin_memory", "prefetch_factor", "persistent_workers", "memory_fraction", "cpu_threads", "loader",
     "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "bucket_cap_mb",
     "gradient_as_bucket_view", "static_graph", "grad_compression", "batch_policy", "global_batch",
-    "processes_per_trial",
+    "processes_per_trial", "processes_per_gpu", "mps",
 ]
 # What a train_fn calls on its TrialContext.
 CONTEXT_HELPERS = {
     "model", "optimizer", "loader", "image_loader", "train_step", "attention", "checkpoint", "autocast",
     "to_device", "batches", "record_loss", "record_window", "report_metric", "record", "lr_scale", "lr_scale_sqrt",
-    "measurement", "step_clock", "ddp", "world_size", "rank",
+    "measurement", "step_clock", "ddp", "world_size", "rank", "copy_index",
 }
 TRAIN_STEP_OPTIONS = {"model", "optimizer", "loss_fn", "clip_grad_norm", "scheduler"}
 
@@ -56,7 +56,7 @@ BEST_CONFIG_KEYS = {
     "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
-    "faster", "verdict", "speedup_spread", "colocation_warning",
+    "faster", "verdict", "speedup_spread", "colocation_warning", "packing",
 }
 
 

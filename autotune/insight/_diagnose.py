@@ -50,6 +50,10 @@ STEP_GROWTH = 1.10
 _RANK_FIELDS = ("processes_per_trial", "global_batch", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
                 "grad_compression")
 
+# Below this mean NVML utilisation (or launch-bound) a GPU running one training process has room for more:
+# packing several processes on it (processes_per_gpu, under MPS) can raise the work per GPU.
+PACKING_UTIL = 50.0
+
 # Study user attribute holding every trial's diagnosis (finished trials cannot take new attributes).
 STUDY_ATTR = "diagnoses"
 
@@ -317,8 +321,29 @@ def diagnose(m: Mapping[str, Any], study: Sequence[Mapping[str, Any]] = ()) -> O
     return Diagnosis(COMPUTE_BOUND, sentence, numbers, measured)
 
 
+def packing_hint(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
+    """When the GPU sat idle enough for co-location to pay (launch-bound, or measured busy under
+    ``PACKING_UTIL``% with one process on it): the hint to pack processes, else ""."""
+    if not diagnosis.gpu_readings or int(config.get("processes_per_gpu", 1)) > 1:
+        return ""
+    if diagnosis.bottleneck in (INPUT_BOUND, MEMORY_CAPACITY_BOUND, COMMUNICATION_BOUND):
+        return ""  # the loader, memory or the all-reduce is the limit: more processes would share it
+    util = diagnosis.numbers.get("gpu_util_pct")
+    if diagnosis.bottleneck != LAUNCH_BOUND and (util is None or util >= PACKING_UTIL):
+        return ""
+    busy = f"busy {util:.0f}% of the time" if util is not None else "idle between kernels"
+    return (f"The GPU was {busy} with one training process: several processes per GPU (processes_per_gpu: "
+            "[1, 2, 4, 8] with mps: [false, true] in the space) can fill it, for more work per GPU.")
+
+
 def next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
     """A next-step hint for a config with this diagnosis, skipping what the config already does."""
+    hint = _next_step(diagnosis, config)
+    packing = packing_hint(diagnosis, config)
+    return f"{hint} {packing}" if packing else hint
+
+
+def _next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
     c = dict(config)
     if diagnosis.bottleneck == INPUT_BOUND:
         workers = c.get("num_workers", 0)

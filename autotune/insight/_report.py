@@ -239,6 +239,8 @@ def _table_rows(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[li
         status = a.get("status", "ok")
         if t.state == TrialState.PRUNED and a.get("pruned_reason"):
             status = f"{status}: {a['pruned_reason']}"
+        if a.get("colocation_summary"):
+            status = f"{status}: {a['colocation_summary']}"  # the copies, the slowest, how they overlapped
         rows.append([
             str(t.number), t.state.name, status, _describe(t),
             f"{rate:,.1f}" if rate else "", f"{loss:+.4f}" if loss is not None and math.isfinite(loss) else "",

@@ -35,7 +35,7 @@ from autotune._config import (
 from autotune._errors import SpaceError
 
 _BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers",
-               "activation_checkpointing", "gradient_as_bucket_view", "static_graph")
+               "activation_checkpointing", "gradient_as_bucket_view", "static_graph", "mps")
 _CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "loader": LOADERS,
                  "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
                  "grad_compression": GRAD_COMPRESSIONS}
@@ -60,12 +60,13 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
         return None
     if knob == "num_workers":
         return None if value >= 0 else f"{value} is negative"
-    if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch", "bucket_cap_mb"):
+    if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch", "bucket_cap_mb", "processes_per_gpu"):
         return None if value >= 1 else f"{value} is below 1"
     raise AssertionError(knob)
 
 
-_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", *DDP_KNOBS})
+_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
+                          *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8
@@ -195,7 +196,14 @@ class SearchSpace:
         stated = self.global_batch if self.batch_policy == "fixed" and self.global_batch_stated else None
         space = _with_policy(space, self.batch_policy, stated, where)
         _check_budget(space, where)
+        _check_packing(space.knobs, space.baseline, where)
         return space
+
+    @property
+    def fraction_stated(self) -> bool:
+        """The space sets ``memory_fraction`` itself (a knob, or a baseline below 1); otherwise each of N
+        co-located copies gets 1/N."""
+        return "memory_fraction" in self.knobs or self.baseline.memory_fraction < 1.0
 
     def with_baseline(self, values: dict[str, Any], *, where: str = "--baseline") -> "SearchSpace":
         """This space with some of its baseline's knobs set otherwise (checked as ``baseline:`` in YAML is).
@@ -290,6 +298,8 @@ class SearchSpace:
                 chosen[name] = trial.suggest_float(name, spec.low, spec.high, step=spec.step)
             else:
                 chosen[name] = trial.suggest_int(name, int(spec.low), int(spec.high), step=int(spec.step))
+        if chosen["processes_per_gpu"] > 1 and not self.fraction_stated:
+            chosen["memory_fraction"] = 1.0 / chosen["processes_per_gpu"]  # each copy its share of the device
         policy = self.batch_policy
         return TrialConfig(**chosen, batch_policy=policy, global_batch=self.global_batch if policy == "fixed" else None,
                            processes_per_trial=self.processes_per_trial)
@@ -479,6 +489,11 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
 
     processes = data.get("processes_per_trial", 1)
     _check_processes(processes, where)
+    copies = base_values.get("processes_per_gpu", 1)
+    if copies > 1 and "memory_fraction" not in base_values:
+        base_values["memory_fraction"] = 1.0 / copies
+    _check_packing(knobs, TrialConfig(processes_per_trial=processes), where,
+                   copies=copies, fraction=base_values.get("memory_fraction"))
 
     raw_budget = data.get("budget") or {}
     if not isinstance(raw_budget, dict):
@@ -515,6 +530,33 @@ def _check_budget(space: SearchSpace, where: str) -> None:
             f"{where}: budget.samples: {budget.samples} is too few for batch {largest}{ranks} "
             f"(needs {budget.min_samples_for(largest * processes)} = batch{ranks} x (warmup_steps + windows))"
         )
+
+
+def _check_packing(knobs: dict[str, Knob], baseline: TrialConfig, where: str, *, copies: Optional[int] = None,
+                   fraction: Optional[float] = None) -> None:
+    """Co-located copies (``processes_per_gpu``) must fit the device and cannot be DDP jobs.
+
+    Raises:
+        SpaceError: N x memory_fraction > 1 for some pair of values, or copies with processes_per_trial > 1.
+    """
+    counts = knobs["processes_per_gpu"].values if "processes_per_gpu" in knobs else (copies or baseline.processes_per_gpu,)
+    ranks = baseline.processes_per_trial
+    if ranks > 1 and max(counts) > 1:
+        raise SpaceError(f"{where}: processes_per_gpu {max(counts)} with processes_per_trial {ranks}: a DDP trial "
+                         "already runs one rank per GPU, and co-located copies of a DDP job are not supported (tune "
+                         "one or the other)")
+    if "memory_fraction" in knobs:
+        fractions = knobs["memory_fraction"].values
+    else:
+        stated = fraction if fraction is not None else baseline.memory_fraction
+        fractions = (stated,) if stated < 1.0 else ()  # 1.0 unstated: each copy gets 1/N
+    for n in counts:
+        for f in fractions:
+            if n * f > 1 + 1e-9:
+                raise SpaceError(
+                    f"{where}: knobs.processes_per_gpu: {n} copies x memory_fraction {f:g} is more than the whole "
+                    f"device (N x fraction > 1); list fractions of at most 1/{n}, or leave memory_fraction out so "
+                    "that each copy gets 1/N")
 
 
 def _check_processes(processes: Any, where: str) -> None:
@@ -654,6 +696,8 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
                 removals.append(("memory_fraction", value, f"{why}: the memory fraction caps the CUDA allocator"))
         for mode in COMPILE_MODES_WITH_GRAPHS:
             removals.append(("compile", mode, f"{why}: mode {mode} relies on CUDA Graphs"))
+        removals.append(("mps", True, f"{why}: CUDA MPS shares a GPU between processes; co-located copies "
+                                      "(processes_per_gpu) share the CPU's cores instead"))
     elif not caps.bf16:
         removals.append(("precision", "bf16", f"{caps.gpu_name} has no bf16 support"))
     if not caps.compile:

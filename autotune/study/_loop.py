@@ -14,7 +14,7 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._config import Measurement, TrialConfig, TrialOutcome
+from autotune._config import Colocation, Measurement, TrialConfig, TrialOutcome
 from autotune._records import BATCH_REFERENCE, _best_record, _budget_trials, _distinct_configs, _feasible
 from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
@@ -26,6 +26,8 @@ from autotune.study._signals import interrupt_reason
 from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
+# How bad a verdict is, for the worst of a co-located trial's copies.
+VERDICT_SEVERITY = {"equivalent": 0, "unchecked": 1, "degraded": 2, "diverged": 3}
 INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
 
 
@@ -278,6 +280,10 @@ class TrialLoop:
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
             verdict = self.references.judge(study, config, m)
+            if outcome.colocation is not None:
+                verdict = self._worst_copy(study, config, m, outcome.colocation)
+                for key, value in colocation_attrs(outcome.colocation).items():
+                    trial.set_user_attr(key, value)
             for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr("throughput_spread", m.spread)
@@ -309,6 +315,20 @@ class TrialLoop:
         self._finish(trial, [0.0, math.inf])
         if outcome.status == "oom":
             self._record_implied_oom(config, trial.number)
+
+    def _worst_copy(self, study: optuna.Study, config: TrialConfig, m: Measurement, colocation: Colocation) -> Any:
+        """The accuracy verdict of each copy (its own loss trajectory and metric); the trial's is the worst."""
+        verdicts = [(self.references.judge(study, config, dataclasses.replace(m, losses=c.losses, metric=c.metric,
+                                                                               loss_every=c.loss_every),
+                                           same_seed=c.index == 0), c.index)
+                    for c in colocation.copies]
+        worst, index = max(verdicts, key=lambda pair: (VERDICT_SEVERITY.get(pair[0].label, 0), pair[0].constraint))
+        seeds = " (copies past 0 train with other seeds: their loss trajectories are judged, not their metrics)"
+        # The trial's metric loss and constraint are the largest of any copy's (copy 0's metric among them).
+        return dataclasses.replace(worst, evidence=f"copy {index} of {colocation.count}, the worst of the copies"
+                                                   f"{seeds}: {worst.evidence}",
+                                   accuracy_loss=max(v.accuracy_loss for v, _ in verdicts),
+                                   constraint=max(v.constraint for v, _ in verdicts))
 
     def _tell_infra(self, trial: optuna.Trial, outcome: TrialOutcome) -> None:
         """A trial whose surroundings failed: FAIL (no budget spent, nothing for the sampler or a duplicate to
@@ -396,6 +416,14 @@ def record_verdict(trial: Any, label: str, evidence: str) -> None:
     """Store a trial's accuracy verdict and its one-sentence evidence as user attributes."""
     trial.set_user_attr("accuracy_verdict", label)
     trial.set_user_attr("accuracy_evidence", evidence)
+
+
+def colocation_attrs(colocation: Colocation) -> dict[str, Any]:
+    """A co-located trial's copies as trial user attributes: the whole record, and its figures flat."""
+    return {"colocation": colocation.to_dict(), "copy_throughputs": [c.throughput for c in colocation.copies],
+            "slowest_copy": colocation.slowest.index, "slowest_copy_throughput": colocation.slowest.throughput,
+            "overlap": colocation.overlap, "timed_overlap": colocation.timed_overlap,
+            "colocation_summary": colocation.summary}
 
 
 def measurement_attrs(m: Measurement) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import optuna
 
 from autotune._config import BATCH_POLICIES
 from autotune._records import DEFAULT_STUDIES_DIR
+from autotune.hardware._mps import MPS_MODES
 
 DEFAULT_MAX_ACCURACY_LOSS = 0.01
 ACCURACY_REFERENCES = ("baseline", "batch")
@@ -39,6 +40,10 @@ class StudyOptions:
             running trial is failed and its config retried once.
         progress: Show a progress bar.
         plots: Draw the plots (PNGs beside ``best_config.json`` and dashboard artifacts) at the end.
+        mps: CUDA MPS for trials of ``mps=true`` (only when the space has that value): ``"auto"`` uses a
+            running control daemon or starts one for the study (pipes and logs under its folder in
+            ``studies_dir``, stopped when the study ends), else drops ``mps=true`` from the space with the
+            reason; ``"on"`` fails where MPS cannot start; ``"off"`` drops ``mps=true``.
     """
 
     study_name: Optional[str] = None
@@ -49,10 +54,13 @@ class StudyOptions:
     grace_period: int = 60
     progress: bool = True
     plots: bool = True
+    mps: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError("mode must be 'tune', 'create' or 'join'")
+        if self.mps not in MPS_MODES:
+            raise ValueError(f"mps must be one of {', '.join(MPS_MODES)}, not {self.mps!r}")
         object.__setattr__(self, "studies_dir", Path(self.studies_dir))
 
 

@@ -111,6 +111,8 @@ class _Progress:
         if status == "ok" and trial.constraints.get("accuracy", 0.0) > 0:
             # Measured, but it lost more accuracy than allowed: it cannot be the best, whatever its speed.
             note = f"  [accuracy loss {trial.user_attrs.get('accuracy_loss', float('nan')):+.3f} over bound]"
+        if status == "ok" and trial.user_attrs.get("colocation_summary"):
+            note += f"  [{trial.user_attrs['colocation_summary']}]"
         if trial.user_attrs.get("role") == "reference":
             status, note = "ref", "  [the fp32 reference run: the baseline]"
         self.say(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}{note}")

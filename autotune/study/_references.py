@@ -129,12 +129,19 @@ class References:
                 study.set_user_attr(f"{BATCH_REFERENCE_NOISE}{batch}", band.metric_band)
         return time.perf_counter() - started
 
-    def judge(self, study: optuna.Study, config: TrialConfig, measurement: Measurement) -> Verdict:
-        """The accuracy verdict of a trial that ran to the end."""
-        return judge_stored(study.user_attrs, config, measurement.losses, measurement.metric,
+    def judge(self, study: optuna.Study, config: TrialConfig, measurement: Measurement, *,
+              same_seed: bool = True) -> Verdict:
+        """The accuracy verdict of a trial that ran to the end.
+
+        Args:
+            same_seed: The run used the study's seed. A co-located copy past the first trains with another
+                seed, for which no fp32 reference metric exists: only its loss trajectory is judged (the
+                reference band spans seeds; a metric is compared with the same seed's).
+        """
+        return judge_stored(study.user_attrs, config, measurement.losses, measurement.metric if same_seed else None,
                             baseline_global_batch=self._baseline.global_batch_size,
                             max_accuracy_loss=self.options.max_accuracy_loss,
-                            metric_direction=self.options.metric_direction)
+                            metric_direction=self.options.metric_direction, metric_reference=same_seed)
 
     def blind_reasons(self, study: optuna.Study) -> list[str]:
         """Why the study's accuracy check cannot see harm, if it cannot (from the baseline's references)."""
@@ -146,7 +153,8 @@ class References:
 
 
 def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[float], metric: Optional[float], *,
-                 baseline_global_batch: int, max_accuracy_loss: float, metric_direction: str) -> Verdict:
+                 baseline_global_batch: int, max_accuracy_loss: float, metric_direction: str,
+                 metric_reference: bool = True) -> Verdict:
     """Judge a trial at ``config``'s global batch against the references a study stored (``attrs``): its own
     global batch's when recorded, else the baseline's, with a note saying so. A pure function of stored
     numbers, so a finished study can be judged again by the current rules."""
@@ -162,6 +170,8 @@ def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[fl
             note = (f"judged against fp32 at the baseline's global batch {baseline_global_batch}"
                     + (f" (the reference at {batch} failed: {why})" if why else ""))
     own_batch = own is not None and batch != baseline_global_batch
+    if not metric_reference:  # another seed than the references': its loss trajectory alone is judged
+        reference_metric = metric = None
     verdict = judge(losses, metric, band, reference_metric=reference_metric, max_accuracy_loss=max_accuracy_loss,
                     metric_direction=metric_direction,
                     baseline_metric=attrs.get("reference_metric") if own_batch else None)

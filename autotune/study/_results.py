@@ -45,6 +45,7 @@ def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
         "fingerprint": study.user_attrs.get("hardware", {}),
         "confirmation": study.user_attrs.get("confirmation"),
         "batch_policy": _batch_policy(best.config if best else result.baseline, study.user_attrs),
+        "packing": _packing(best.config if best else result.baseline, trial.user_attrs if trial else {}),
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
         "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
@@ -60,6 +61,17 @@ def _batch_policy(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
         "micro_batch": config.batch_size,
         "accumulation_steps": config.accumulation_steps,
     }
+
+
+def _packing(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
+    """How the config packs a GPU: processes per GPU, each one's memory fraction, MPS, in words too, and how
+    the co-located copies were measured (their overlap) when they were."""
+    packing: dict[str, Any] = {"processes_per_gpu": config.processes_per_gpu, "memory_fraction": config.memory_fraction,
+                               "mps": config.mps, "what": config.packing}
+    if attrs.get("colocation_summary"):
+        packing["measured"] = attrs["colocation_summary"]
+        packing["copy_throughputs"] = attrs.get("copy_throughputs")
+    return packing
 
 
 def _number(value: float) -> Any:

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 from autotune._config import Budget, TrialConfig, TrialOutcome
+from autotune.hardware._mps import MpsSession
+from autotune.study._colocate import run_copies
 from autotune.study._isolation import run_isolated
 from autotune.trial._execute import TrialSpec
 
@@ -22,10 +24,14 @@ class TrialRunner:
         memory_limit_gib: On CPU, address space a trial may add (see ``TrialOptions``).
         compile_timeout: Seconds a trial may spend in torch.compile (see ``TrialOptions``); ``None``: no limit
             but the trial's.
+        mps: The study's MPS session when its space has ``mps=true``: trials of ``mps=true`` connect to its
+            daemon, every other trial is kept off MPS explicitly (an empty pipe directory), so the same
+            packing is measured both ways. ``None``: trials keep the environment as it is.
     """
 
     def __init__(self, *, target: str, logdir: Path, baseline: TrialConfig, budget: Budget, timeout: float,
-                 memory_limit_gib: Optional[float] = None, compile_timeout: Optional[float] = None) -> None:
+                 memory_limit_gib: Optional[float] = None, compile_timeout: Optional[float] = None,
+                 mps: Optional[MpsSession] = None) -> None:
         self.target = target
         self.logdir = logdir
         self.baseline = baseline
@@ -33,6 +39,7 @@ class TrialRunner:
         self.timeout = timeout
         self.memory_limit_gib = memory_limit_gib
         self.compile_timeout = compile_timeout
+        self.mps = mps
 
     def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
              prune_below: Optional[float] = None) -> TrialSpec:
@@ -44,11 +51,18 @@ class TrialRunner:
             baseline_batch_size=self.baseline.global_batch_size,
             memory_limit_gib=self.memory_limit_gib,
             prune_below=prune_below,
+            env=self._mps_env(config),
         )
+
+    def _mps_env(self, config: TrialConfig) -> Optional[dict[str, str]]:
+        if self.mps is None:
+            return None
+        return self.mps.client_env(enabled=config.mps, no_mps_dir=self.logdir.parent / "mps" / "off")
 
     def run(self, config: TrialConfig, workdir: str, *, seed: int, budget: Optional[Budget] = None,
             prune_below: Optional[float] = None, timeout: Optional[float] = None) -> TrialOutcome:
         """Run ``config`` with its log in ``logdir/workdir``."""
-        return run_isolated(self.spec(config, seed=seed, budget=budget, prune_below=prune_below),
-                            workdir=self.logdir / workdir, timeout=timeout or self.timeout,
-                            compile_timeout=self.compile_timeout)
+        spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below)
+        run = run_copies if config.processes_per_gpu > 1 else run_isolated
+        return run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
+                   compile_timeout=self.compile_timeout)

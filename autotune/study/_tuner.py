@@ -24,6 +24,7 @@ from autotune._errors import AutotuneError, SpaceError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
 from autotune._target import target_digest, target_file, target_of
 from autotune.search import _compile, _space
+from autotune.hardware._mps import MpsSession, open_mps
 from autotune.search._sampler import GuidedSampler
 from autotune.study._confirm import confirm_long, confirm_top_k
 from autotune.study._isolation import probe_in_trial_server, start_trial_server
@@ -364,6 +365,27 @@ class Tuner:
         Nothing is created in the storage until the space validates, the target imports and the fp32
         reference has run, so bad input leaves no half-made study behind.
         """
+        with contextlib.ExitStack() as cleanup:  # a daemon the study starts stops with it (Ctrl-C and errors too)
+            return self._run(cleanup)
+
+    def _open_mps(self, space: _space.SearchSpace, cleanup: contextlib.ExitStack
+                  ) -> tuple[_space.SearchSpace, Optional[MpsSession]]:
+        """The study's MPS session when the space measures ``mps=true``; where MPS cannot start, the space
+        without ``mps=true`` (the reason recorded and said once), so co-location is measured time-sliced."""
+        knob = space.knobs.get("mps")
+        if knob is None or True not in knob.values:
+            return space, None
+        folder = study_dir(self.study_name, self.options.study.studies_dir).resolve()
+        session, daemon = open_mps(self.options.study.mps, study_dir=folder)
+        if daemon is not None:
+            cleanup.callback(daemon.stop)
+        if not session.available:
+            why = f"MPS is not available ({session.reason}): co-located copies run time-sliced"
+            print(f"autotune: {why}", file=sys.stderr, flush=True)
+            return space.without("mps", True, why), None
+        return space, session
+
+    def _run(self, cleanup: contextlib.ExitStack) -> Result:
         started = time.monotonic()
         opts = self.options
         caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
@@ -375,10 +397,12 @@ class Tuner:
             study = self._join(storage)
             space = _space.parse_space(study.user_attrs["space"], where=f"study {self.study_name}", name=self.study_name)
             space = _space.restrict_to(space, caps)
+            space, mps = self._open_mps(space, cleanup)
             self._adopt_study_settings(study)
             opts = self.options
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
+            space, mps = self._open_mps(space, cleanup)
             self._check_stated_baseline(space)
             space = self._stored_compile_plan(storage, space)
             space = self._stored_model_restriction(storage, space)
@@ -387,7 +411,7 @@ class Tuner:
         runner = TrialRunner(target=self.target, logdir=study_dir(self.study_name, studies_dir) / "logs",
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
                              memory_limit_gib=opts.trial.memory_limit_gib,
-                             compile_timeout=opts.trial.compile_deadline)
+                             compile_timeout=opts.trial.compile_deadline, mps=mps)
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
         with _Progress(opts.study.progress, opts.search.n_trials) as ui:
             if study is None or not _creation_done(study):

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _distributed, _images, _knobs, _phase
+from autotune.trial import _copies, _distributed, _images, _knobs, _phase
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
@@ -80,6 +80,9 @@ class TrialContext:
         self._samples_done = 0
         self._train_steps: list[_knobs.TrainStep] = []
         self._recorded_losses: list[torch.Tensor] = []  # ctx.record_loss, for hand-written loops
+        # One of several co-located copies of a study's trial (processes_per_gpu > 1), else None.
+        self._copy = _copies.copy_from_env() if budget is not None else None
+        self._planned_steps: Optional[int] = None  # set when a copy trains on past its budget: losses stop there
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -93,6 +96,12 @@ class TrialContext:
     def rank(self) -> int:
         """This process's rank; 0 in a one-process trial. Rank 0's measurement and metric are the trial's."""
         return self._rank
+
+    @property
+    def copy_index(self) -> int:
+        """This copy's index among a co-located trial's ``processes_per_gpu`` copies (its seed is the
+        trial's seed + the index); 0 otherwise."""
+        return self._copy.index if self._copy is not None else 0
 
     @property
     def lr_scale(self) -> float:
@@ -338,8 +347,10 @@ class TrialContext:
         order = _resumable_order(loader)
         restart_at = clock.warmup // 2 if clock.warmup >= 2 and order is not None else None
         epoch_samples = 0
+        step = 0
         try:
-            for step in range(clock.steps):
+            # A co-located copy trains on past its budget (untimed) until every copy has ended its windows.
+            while not clock.done:
                 if step == restart_at:
                     assert order is not None
                     order.resume_at(epoch_samples)  # same samples, same order: only the backlog is dropped
@@ -362,6 +373,7 @@ class TrialContext:
                 samples = batch_length(batch)
                 epoch_samples += samples
                 clock.end(samples)
+                step += 1
         finally:
             clock.close()
         self._check_finite()
@@ -395,6 +407,9 @@ class TrialContext:
             losses = torch.stack([v.to("cpu") for v in self._recorded_losses]).tolist()
         else:
             losses = next((t for t in (s.loss_trajectory() for s in self._train_steps) if t), [])
+        if self._planned_steps is not None:
+            # A copy that trained on untimed for the others: its trajectory is the budget's, like every trial's.
+            losses = losses[:self._planned_steps // self.config.accumulation_steps]
         return bin_means(losses, MAX_TRAJECTORY)
 
     def _check_finite(self) -> None:
@@ -518,19 +533,34 @@ class StepClock:
         self._mark: Any = None
         self._wait = 0.0
         self._compiling: Optional[contextlib.AbstractContextManager] = None
+        self._copy = ctx._copy
+        self._timed_start = 0.0
+        self.overtime_steps = 0  # steps a co-located copy trained past its budget, untimed
 
     @property
     def done(self) -> bool:
-        """Every step of the budget has ended."""
-        return self.step >= self.steps
+        """Every step of the budget has ended (and, for a co-located copy, every copy's timed windows)."""
+        if self.step < self.steps:
+            return False
+        if self._copy is not None and not self._copy.all_timed():
+            return False
+        if self._copy is not None:
+            self.ctx.extras["copy.busy_end"] = time.time()
+            self.ctx.extras["copy.overtime_steps"] = self.overtime_steps
+        return True
 
     def begin(self) -> None:
         """The next step starts: a timed window opens first when one is due, then the step fetches its batch."""
         step, recorder = self.step, self.ctx.recorder
         if self._start is None:
             self._start = time.perf_counter()
+        if step == self.warmup and self._copy is not None:
+            synchronize(self.ctx.device)  # the warm-up's queued work is done before this copy says it is ready
+            self.ctx.extras["copy.barrier_wait_seconds"] = round(self._copy.arrive(), 4)
         if self.warmup <= step < self.timed_end and (step - self.warmup) % self.window_steps == 0:
             recorder.begin_window()
+            if step == self.warmup:
+                self._timed_start = time.time()
             for timer in self.ctx._comm_timers:
                 timer.begin_window()
             if self._sampler is not None and step == self.warmup:
@@ -560,9 +590,13 @@ class StepClock:
         if self._compiling is not None:
             synchronize(ctx.device)
             self._leave_compile_clock()
+        self.step += 1
+        if step >= self.steps:  # a copy training on for the others: not part of its measurement
+            self.overtime_steps += 1
+            ctx._planned_steps = self.steps
+            return
         ctx._steps_done += 1
         ctx._samples_done += samples
-        self.step += 1
         if recorder.in_window:
             recorder.add(samples, self._wait)
         assert self._start is not None, "StepClock.end() without begin()"
@@ -579,6 +613,11 @@ class StepClock:
             window.data_wait_seconds += self._stalls.collect()
             if step + 1 == self.timed_end:
                 ctx._stop_sampling(self._sampler)
+                if self._copy is not None:
+                    ended = time.time()
+                    ctx.extras.update({"copy.timed_start": self._timed_start, "copy.timed_end": ended,
+                                       "copy.busy_end": ended})
+                    self._copy.timed_done(self._timed_start, ended)
             ctx._check_finite()
             if len(recorder.windows) == 1:
                 ctx._check_hopeless(self._sampler)

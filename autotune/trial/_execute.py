@@ -123,6 +123,9 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
         device = _distributed.device_for(rank) if rank is not None else _knobs.pick_device()
         if spec.memory_limit_gib is not None and device.type == "cpu":
             _limit_address_space(spec.memory_limit_gib)
+        copies = spec.config.processes_per_gpu
+        if rank is None and copies > 1 and device.type == "cpu" and spec.config.cpu_threads is None:
+            _share_cores(copies)  # co-located copies on the CPU share its cores, as they share a GPU
         if rank is not None:
             if device.type == "cpu" and spec.config.cpu_threads is None:
                 _share_cores(rank.world_size)

@@ -27,7 +27,10 @@ def pick_device() -> torch.device:
 def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Iterator[None]:
     """Set the process-wide flags a config asks for, and put every one of them back on exit.
 
-    TF32 is on for every precision but ``fp32``, which means true fp32 (the accuracy reference).
+    TF32 is on for every precision but ``fp32``, which means true fp32 (the accuracy reference). A
+    ``memory_fraction`` below 1 caps this process's CUDA allocator
+    (``torch.cuda.set_per_process_memory_fraction``): inside each of ``processes_per_gpu`` co-located
+    processes it gives the copy its share of the device (1/N unless the space set the fraction).
     """
     device = device or pick_device()
     saved = {
@@ -44,7 +47,8 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
         torch.backends.cudnn.benchmark = config.cudnn_benchmark
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
-        if config.memory_fraction < 1.0:
+        if config.memory_fraction < 1.0 and not (device.type != "cuda" and config.processes_per_gpu > 1):
+            # Co-located copies on the CPU (processes_per_gpu) keep their 1/N share as a record: no allocator cap.
             if device.type != "cuda":
                 raise KnobError("memory_fraction < 1 needs a CUDA device")
             torch.cuda.set_per_process_memory_fraction(config.memory_fraction, _index(device))
