@@ -309,7 +309,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     before = {p["pid"] for p in mps_before}
     mps_after = [p for p in mps_processes() if p["pid"] not in before]
     meta = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": f"{COMMAND} {' '.join(argv if argv is not None else sys.argv[1:])}", "tiny": args.tiny,
+            "command": f"{COMMAND} {_shown(argv if argv is not None else sys.argv[1:], args)}", "tiny": args.tiny,
             "torch": torch.__version__, "driver": caps.driver, "seconds": time.monotonic() - started,
             "mps_before": mps_before, "mps_after": mps_after, "compute_mode_before": mode_before,
             "compute_mode_after": compute_mode()}
@@ -321,6 +321,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if mps_after:
         print(f"MPS processes left behind: {mps_after}", file=sys.stderr)
     return 1 if mps_after else 0
+
+
+def _shown(argv: list[str], args: argparse.Namespace) -> str:
+    """The command line as the report prints it: ``--out`` by its file name, ``--workdir`` as WORKDIR, so that
+    no path of the machine it ran on is recorded."""
+    named = {str(args.out): args.out.name, str(args.workdir): "WORKDIR"}
+    return " ".join(named.get(a, a) for a in argv)
 
 
 if __name__ == "__main__":
