@@ -38,6 +38,19 @@ def test_probe_describes_this_machine(probed: Capabilities) -> None:
     assert Capabilities.from_dict(probed.to_dict()) == probed
 
 
+def test_the_forked_probe_answers_as_the_subprocess_probe_and_leaves_torch_out_of_the_coordinator(
+        probed: Capabilities) -> None:
+    # A coordinator that has not imported torch (as `autotune tune` has not) probes through the trial server.
+    code = ("import json, sys; from autotune.study._isolation import probe_in_trial_server; "
+            "caps = probe_in_trial_server(None); "
+            "print(json.dumps({'caps': caps.to_dict(), 'torch': 'torch' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    answer = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["torch"] is False  # the answer is plain data: unpickling it imported nothing
+    assert Capabilities.from_dict(answer["caps"]) == probed
+
+
 def test_probe_that_does_not_answer_in_time_is_one_error() -> None:
     with pytest.raises(AutotuneError, match="did not answer within"):
         probe(timeout=0.01)

@@ -115,7 +115,7 @@ def _probe_here() -> Capabilities:
     return Capabilities(
         cuda=cuda,
         bf16=bf16,
-        torch=torch.__version__,
+        torch=str(torch.__version__),  # a plain str: torch.__version__ is a TorchVersion
         torchvision=tv,
         python=platform.python_version(),
         hostname=socket.gethostname(),
@@ -318,7 +318,9 @@ def probe_into(connection: Any, target: Optional[str], log_path: str) -> None:
     sys.stderr.flush()
     os.dup2(log, 1)
     os.dup2(log, 2)
-    connection.send(probe_answer(target))
+    # As JSON text, as the subprocess probe answers: a pickled answer could carry torch objects (torch's
+    # version string is one), and unpickling them would import torch into the coordinator (seconds).
+    connection.send(json.dumps(probe_answer(target)))
     connection.close()
     sys.stdout.flush()
     sys.stderr.flush()

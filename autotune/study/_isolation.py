@@ -111,7 +111,7 @@ def probe_in_trial_server(target: Optional[str], *, timeout: float = 300.0) -> C
         try:
             if not receive.poll(timeout):
                 raise AutotuneError(f"the hardware probe did not answer within {timeout:.0f}s")
-            answer = receive.recv()
+            answer = json.loads(receive.recv())
         except EOFError:
             process.join(5)
             output = Path(log_path).read_text(errors="replace").strip().splitlines() if os.path.exists(log_path) else []
