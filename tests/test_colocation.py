@@ -32,26 +32,12 @@ from autotune.study._isolation import start_trial_server
 from autotune.study._runner import TrialRunner
 from autotune.trial._execute import TrialSpec
 from copy_workloads import COPY_WORKLOADS, PIDDIR_ENV
+from processes import alive, survivors
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_MPS = Path(__file__).parent / "fake_mps"
 BUDGET = Budget(samples=2048, warmup_steps=2, windows=3)
 CPU = Capabilities(cuda=False, bf16=False, compile=True, dali=True, cpu_count=2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _all_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
 
 
 def _pids(folder: Path) -> list[int]:
@@ -151,7 +137,7 @@ def test_a_failing_copy_fails_the_trial_by_name_and_leaves_no_process(tmp_path: 
     assert "copy one broke on purpose" in outcome.stderr_tail  # copy 1's log
     pids = _pids(piddir)
     assert len(pids) == 6, pids  # each copy and the child it started
-    assert not _all_gone(pids)
+    assert not survivors(pids)
 
 
 def test_a_copy_late_for_the_barrier_fails_clearly(tmp_path: Path) -> None:
@@ -272,7 +258,7 @@ def test_a_killed_study_leaves_no_copy_and_no_daemon(tmp_path: Path, how: signal
         assert coordinator.poll() is None, coordinator.stdout.read()
         assert len(list(piddir.glob("copy*.pids"))) == 2, "the copies did not start"
         daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
-        assert _alive(daemon)
+        assert alive(daemon)
         # The mps=true copies are the daemon's clients.
         assert [(piddir / f"copy{k}.mps").read_text() for k in (0, 1)] == [str(pipe)] * 2
         time.sleep(1.0)
@@ -283,7 +269,7 @@ def test_a_killed_study_leaves_no_copy_and_no_daemon(tmp_path: Path, how: signal
             coordinator.kill()
     pids = _pids(piddir)
     assert len(pids) == 4
-    assert not _all_gone(pids + [daemon], seconds=20)
+    assert not survivors(pids + [daemon], seconds=20)
     assert not (pipe / "control").exists()
 
 

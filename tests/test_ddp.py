@@ -20,6 +20,7 @@ from autotune.search._space import parse_space, restrict_to
 from autotune.study._isolation import ProcessFiles, launch, run_isolated, start_trial_server
 from autotune.trial._execute import TrialSpec
 from ddp_workloads import DDP_WORKLOADS, PIDDIR_ENV
+from processes import survivors
 
 BUDGET = Budget(samples=2048, warmup_steps=2, windows=3)
 KNOBS = dict(bucket_cap_mb=1, gradient_as_bucket_view=True, grad_compression="bf16")
@@ -29,12 +30,6 @@ def _spec(func: str, config: TrialConfig, **changes) -> TrialSpec:
     return TrialSpec(target=f"{DDP_WORKLOADS}:{func}", config=config, budget=BUDGET, **changes)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +99,7 @@ def test_a_timeout_kills_every_rank_and_its_children(tmp_path: Path) -> None:
     assert outcome.status == "timeout" and "all 2 ranks killed" in outcome.error
     pids = [int(p) for f in sorted(piddir.glob("rank*.pids")) for p in f.read_text().split()]
     assert len(pids) == 4, pids  # both ranks wrote their own pid and their sleeper's before hanging
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)]
+    assert not survivors(pids, seconds=10)
 
 
 def test_launch_can_let_independent_copies_run_on(tmp_path: Path) -> None:
