@@ -477,3 +477,18 @@ def test_channels_last_goes_when_the_reference_shows_no_4d_activations_and_a_res
     make_tuner(tmp_path, cpu_caps, "train_tiny", space, n_trials=2, study_name="flat").run()
     trials = open_study(sqlite_url(tmp_path), "flat").get_trials()
     assert len(trials) == 2 and not any(t.user_attrs["config"]["channels_last"] for t in trials)
+
+
+def test_a_resume_with_other_accuracy_rules_is_refused_before_the_probe(tmp_path: Path, cpu_caps, write_space) -> None:
+    # The target marks each import of its module; the probe would import it, the early refusal does not.
+    marker = tmp_path / "imported"
+    target = tmp_path / "marked.py"
+    target.write_text(Path(workloads.__file__).read_text() + f"\nopen({str(marker)!r}, 'a').write('x')\n")
+    space = write_space(WORKERS_SPACE)
+    options = dict(space=space, n_trials=1, storage=sqlite_url(tmp_path), studies_dir=tmp_path / "studies",
+                   progress=False, plots=False, reference_repeats=1, top_k=0, prune_below=None, study_name="rules")
+    Tuner(f"{target}:train_tiny", capabilities=cpu_caps, **options).run()
+    marker.unlink()
+    with pytest.raises(StudyError, match="created with --metric-direction maximize, not minimize"):
+        Tuner(f"{target}:train_tiny", metric_direction="minimize", **options).run()
+    assert not marker.exists()  # refused from the stored study alone: no probe, no trial server

@@ -138,7 +138,16 @@ class Tuner:
                 f"study {self.study_name!r} was created with another search space "
                 f"(changed: {', '.join(changed)}); use a new --study name or the original space"
             )
-        if old is not None and study.user_attrs.get("target") not in (None, self.target):
+        self._check_stored_rules(study)
+        return study
+
+    def _check_stored_rules(self, study: optuna.Study) -> None:
+        """Refuse to resume a study made for another target or judged by other accuracy rules.
+
+        Raises:
+            StudyError: the target, ``--metric-direction`` or ``--max-accuracy-loss`` differ from the study's.
+        """
+        if study.user_attrs.get("space") is not None and study.user_attrs.get("target") not in (None, self.target):
             raise StudyError(
                 f"study {self.study_name!r} tunes {study.user_attrs['target']}, not {self.target}; "
                 "use a new --study name"
@@ -152,7 +161,21 @@ class Tuner:
                     f"study {self.study_name!r} was created with {flag} {stored}, not {asked}; resume it with "
                     f"{flag} {stored} or use a new --study name"
                 )
-        return study
+
+    def _refuse_changed_rules_early(self) -> None:
+        """``_check_stored_rules`` for a study that exists already, before the probe: a resume that would be
+        refused is refused in a second, not after the trial server has started. Creates nothing."""
+        opts = self.options
+        if opts.study.mode == "join":
+            return
+        try:
+            storage, _ = open_storage(opts.study.storage, opts.study.studies_dir, create=False)
+        except StudyError:
+            return  # nothing stored yet, or a storage the regular open reports on
+        if study_exists(storage, self.study_name):
+            study = optuna.load_study(study_name=self.study_name, storage=storage)
+            if _creation_done(study):
+                self._check_stored_rules(study)
 
     def _warn_if_target_changed(self, study: optuna.Study) -> None:
         """One warning line when the target's source file differs from the one the study was created with."""
@@ -388,6 +411,8 @@ class Tuner:
     def _run(self, cleanup: contextlib.ExitStack) -> Result:
         started = time.monotonic()
         opts = self.options
+        if opts.search.capabilities is None:
+            self._refuse_changed_rules_early()
         caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
         storage, storage_label = open_storage(opts.study.storage, opts.study.studies_dir,
                                               grace_period=opts.study.grace_period)
