@@ -88,7 +88,7 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="re-measure the K fastest configs in alternation before declaring the best (0: off)")
     p.add_argument("--prune-below", type=_fraction, default=0.5, metavar="FRACTION",
                    help="stop a trial after its first timed window when it runs below this fraction of the best "
-                        "so far (default 0.5; 0: never)")
+                        "first window so far (default 0.5; 0: never)")
     p.add_argument("--seed", type=int, default=0)
     _add_mps_option(p)
     p.add_argument("--studies-dir", default="studies", help="where outputs go (default studies/)")

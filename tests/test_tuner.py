@@ -492,3 +492,15 @@ def test_a_resume_with_other_accuracy_rules_is_refused_before_the_probe(tmp_path
     with pytest.raises(StudyError, match="created with --metric-direction maximize, not minimize"):
         Tuner(f"{target}:train_tiny", metric_direction="minimize", **options).run()
     assert not marker.exists()  # refused from the stored study alone: no probe, no trial server
+
+
+def test_pruning_compares_a_first_window_with_first_windows(tmp_path: Path, cpu_caps, write_space) -> None:
+    # Every config stalls at its first timed step alike: against the baseline's median, each would read as
+    # hopeless; against the baseline's own first window, none is.
+    result = make_tuner(tmp_path, cpu_caps, "train_slow_first_window", write_space(WORKERS_SPACE), n_trials=2,
+                        prune_below=0.5).run()
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    reference = study.trials[0].user_attrs["window_throughputs"]
+    assert reference[0] < 0.5 * study.trials[0].user_attrs["throughput"]  # the stall shows in its first window
+    searched = [t for t in study.trials if t.user_attrs.get("role") != "reference"]
+    assert searched and all(t.state == TrialState.COMPLETE for t in searched), [t.user_attrs.get("error") for t in searched]

@@ -223,3 +223,17 @@ def accuracy_by_batch_fp32_oom_at_64(ctx) -> None:
     if ctx.config.precision == "fp32" and ctx.config.batch_size >= 64:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate an fp32 batch of 64")
     accuracy_by_batch(ctx)
+
+
+def train_slow_first_window(ctx) -> None:
+    """train_tiny whose first timed window always starts slow (a stall at the first step after the warm-up),
+    in every config alike: pruning on it must compare it with other first windows, not with medians."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1 * ctx.lr_scale)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for index, (inputs, targets) in enumerate(ctx.batches(ctx.loader(dataset(seed=ctx.seed)))):
+        if index == ctx.budget.warmup_steps:
+            time.sleep(0.5)
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))

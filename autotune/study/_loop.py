@@ -14,7 +14,7 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._config import Colocation, Measurement, TrialConfig, TrialOutcome
+from autotune._config import Colocation, Measurement, TrialConfig, TrialOutcome, TrialRecord
 from autotune._records import BATCH_REFERENCE, _best_record, _budget_trials, _distinct_configs, _feasible
 from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
@@ -189,10 +189,20 @@ class TrialLoop:
         self.study.tell(trial, state=TrialState.FAIL)
 
     def _prune_threshold(self) -> Optional[float]:
+        """The first-window rate under which the next trial is stopped: ``prune_below`` x the best first
+        window so far. A trial is pruned on its first window, so it is compared with other first windows
+        (each no faster than its trial's median): a workload whose first window starts slow after the
+        warm-up prunes nothing for that alone."""
         if not self.prune_below:
             return None
         device = self.identity.get("device", "")
-        rates = [r.throughput for r in _feasible(self.study) if r.device in (device, "")]
+        trials = self.study.get_trials(deepcopy=False)
+
+        def first_window(record: TrialRecord) -> float:
+            windows = trials[record.number].user_attrs.get("window_throughputs") or ()
+            return min(record.throughput, windows[0]) if windows else record.throughput
+
+        rates = [first_window(r) for r in _feasible(self.study) if r.device in (device, "")]
         return self.prune_below * max(rates) if rates else None
 
     def _finish(self, trial: optuna.Trial, values: Any) -> None:

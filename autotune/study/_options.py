@@ -76,7 +76,7 @@ class SearchOptions:
         sampler: An Optuna sampler; defaults to ``GuidedSampler`` over the space (prior point, then a
             coordinate walk from the best config, with the out-of-memory rule).
         prune_below: Stop a trial after its first timed window when its throughput is below this fraction
-            of the best so far on the same device (recorded as PRUNED with its partial measurement);
+            of the best first window so far on the same device (recorded as PRUNED with its partial measurement);
             ``None`` or 0 turns it off. Window-to-window spread is a few percent, so 0.5 only stops
             configs that could not come near the best.
         default_spaces: The built-in spaces for a CPU and for a GPU machine when ``space`` is ``None``.

@@ -447,7 +447,7 @@ class TrialContext:
             self._stop_sampling(sampler)
             raise TrialPruned(
                 f"pruned: first window ran at {rate:,.1f} samples/s, below {self.prune_below:,.1f} "
-                "(the pruning fraction of the best so far)"
+                "(the pruning fraction of the best first window so far)"
             )
 
     def report_metric(self, value: float) -> None:
