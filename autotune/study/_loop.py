@@ -289,8 +289,9 @@ class TrialLoop:
             return
         if outcome.ok and outcome.measurement is not None:
             m = outcome.measurement
-            verdict = self.references.judge(study, config, m)
-            if outcome.colocation is not None:
+            if outcome.colocation is None:
+                verdict = self.references.judge(study, config, m)
+            else:  # every copy judged (copy 0 among them), the worst taken
                 verdict = self._worst_copy(study, config, m, outcome.colocation)
                 for key, value in colocation_attrs(outcome.colocation).items():
                     trial.set_user_attr(key, value)

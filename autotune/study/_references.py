@@ -138,7 +138,7 @@ class References:
                 seed, for which no fp32 reference metric exists: only its loss trajectory is judged (the
                 reference band spans seeds; a metric is compared with the same seed's).
         """
-        return judge_stored(study.user_attrs, config, measurement.losses, measurement.metric if same_seed else None,
+        return judge_stored(study.user_attrs, config, measurement.losses, measurement.metric,
                             baseline_global_batch=self._baseline.global_batch_size,
                             max_accuracy_loss=self.options.max_accuracy_loss,
                             metric_direction=self.options.metric_direction, metric_reference=same_seed)
