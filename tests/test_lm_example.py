@@ -52,3 +52,32 @@ def test_the_lm_example_tunes_and_its_runner_writes_the_evidence(tmp_path: Path)
     data = json.loads(out.with_suffix(".json").read_text())
     assert [c["status"] for c in data["grid"]] == ["ok"] * len(data["grid"])
     assert "## 3. Tuner study" in text and "Grid best beside it" in text
+
+
+def test_the_ceiling_runner_sweeps_global_batches_at_equal_steps(tmp_path: Path) -> None:
+    out = tmp_path / "ceiling.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.runners.lm_ceiling", "--tiny", "--out", str(out), "--batches", "16,64",
+         "--steps", "8", "--profile-steps", "2", "--skip", "loss-graph"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["breakdown"]["wall_s"] > 0 and data["breakdown"]["kinds"] == {}  # a CPU has no GPU kernels
+    rows = data["batches"]
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    # The baseline first (the ratios' base), then the pick at each global batch without accumulation.
+    assert rows[0]["config"].startswith("fp32 bs64 attention=explicit")
+    assert [r["config"].split()[1] for r in rows[1:]] == ["bs16", "bs64"]
+    assert "no GPU kernels to break down" in out.read_text()
+
+
+def test_kernel_kinds() -> None:
+    from benchmarks.runners.lm_ceiling import kind_of
+
+    assert kind_of("pytorch_flash::flash_bwd_dq_dk_dv_loop_kernel<...>") == "attention"
+    assert kind_of("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
+    assert kind_of("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTT") == "matmul"
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert kind_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer and gradient clipping"
+    assert kind_of("triton_per_fused__log_softmax_nll_loss_0") == "Triton fused (element-wise, norms, loss)"
+    assert kind_of("Memset (Device)") == "other"

@@ -124,6 +124,43 @@ def test_the_image_loop_still_takes_inputs_and_targets() -> None:
     assert loss.shape == () and math.isfinite(loss.item())
 
 
+@pytest.mark.parametrize("compile_loss", [True, False])
+def test_under_compile_the_forward_and_the_loss_are_one_graph_that_returns_the_loss_alone(compile_loss: bool) -> None:
+    # A real inductor compile on the CPU. Compiling the module alone makes the logits a graph output beside
+    # the loss, whose unused gradient the backward pass then fills with zeros (0.6 ms a step for a GPT-style
+    # LM's 32,000-way logits on an H200, lm-ceiling-h200.md); one graph for the forward and the loss
+    # returns the loss alone.
+    from autotune.trial._knobs import TrainStep
+
+    torch.manual_seed(0)
+    eager_model = TinyLM()
+    model = copy.deepcopy(eager_model)
+    config = TrialConfig(batch_size=8, compile="default")
+    ctx = TrialContext(config=config, device=CPU)
+    compiled = ctx.model(model)
+    step = TrainStep(compiled, torch.optim.SGD(compiled.parameters(), lr=0.1), config=config, device=CPU,
+                     compile_loss=compile_loss)
+    eager = _ctx().train_step(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1))
+    assert step.compiled_loss is compile_loss
+    for seed in range(3):
+        batch = _batch(seed=seed)
+        assert torch.allclose(step(batch), eager(batch), atol=1e-5)
+    for a, b in zip(model.parameters(), eager_model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5)
+    loss = step._loss((_batch(),))
+    assert loss.grad_fn.name() == "CompiledFunctionBackward"
+    # The compiled graph's outputs that need a gradient: the loss alone, or the logits beside it.
+    assert len(loss.grad_fn._input_metadata) == (1 if compile_loss else 2)
+    # The module stays compiled for the user's own calls (evaluation), as ctx.model returned it.
+    assert compiled(**_batch()).logits.shape == (8, 12, 32)
+
+
+def test_an_uncompiled_model_is_called_as_it_is() -> None:
+    model = TinyLM()
+    step = _ctx().train_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert step.compiled_loss is False
+
+
 def _clipped_update(config: TrialConfig, clip: float) -> tuple[list[torch.Tensor], torch.Tensor]:
     torch.manual_seed(0)
     model = TinyLM()

@@ -240,6 +240,47 @@ def _zero_momentum(optimizer: torch.optim.Optimizer) -> None:
                     state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
+def model_loss(model: torch.nn.Module, loss_fn: Optional[Callable[..., torch.Tensor]],
+               args: tuple[Any, ...]) -> torch.Tensor:
+    """The forward pass and the loss of one ``TrainStep`` call (see its two call forms)."""
+    if len(args) == 2:
+        if loss_fn is None:
+            raise WorkloadError("step(inputs, targets) needs a loss_fn: ctx.train_step(model, optimizer, loss_fn), "
+                                "or call step(batch) with a model that returns its loss")
+        inputs, targets = args
+        return loss_fn(model(inputs), targets)
+    (batch,) = args
+    if isinstance(batch, Mapping):
+        outputs = model(**batch)
+    elif isinstance(batch, (list, tuple)):
+        outputs = model(*batch)
+    else:
+        outputs = model(batch)
+    if loss_fn is not None:
+        return loss_fn(outputs, batch)
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise WorkloadError(
+            f"the model's output ({type(outputs).__name__}) has no loss tensor (outputs.loss or outputs['loss']): "
+            "pass the labels the model needs in the batch, or loss_fn=fn(outputs, batch) to ctx.train_step"
+        )
+    return loss
+
+
+def _compiled_loss(model: torch.nn.Module, config: TrialConfig, enabled: bool) -> Optional[Callable[..., Any]]:
+    """``model_loss`` compiled as one graph over the uncompiled module, for a model that ``ctx.model``
+    compiled: the graph then returns the loss alone. Compiling only the module makes every output of its
+    forward (an LM's logits beside its loss) a graph output, whose unused gradient is materialised as zeros
+    in the backward pass; here those outputs stay inside the graph, and the loss fuses with the last layers.
+    None (the module is called as it is) for an uncompiled model, a DDP model, or ``enabled`` false."""
+    inner = getattr(model, "_orig_mod", None)
+    if not enabled or config.compile == "off" or not isinstance(inner, torch.nn.Module) or find_ddp(model) is not None:
+        return None
+    mode = None if config.compile == "default" else config.compile
+    compiled = torch.compile(model_loss, mode=mode)
+    return lambda loss_fn, args: compiled(inner, loss_fn, args)
+
+
 class TrainStep:
     """One training step (forward, loss, backward, optimizer) with the config's precision applied.
 
@@ -269,6 +310,10 @@ class TrainStep:
     is stepped outside the graph, between replays: the learning rates become device tensors that it fills
     in place and the replayed step reads (``graph_safe_lr``).
 
+    When ``ctx.model`` compiled the model (``compile`` not ``off``), the forward pass and the loss are
+    compiled together as one graph that returns only the loss (``compiled_loss`` true; ``compile_loss=False``
+    calls the compiled module instead, as a hand-written loop does). A DDP model keeps its compiled module.
+
     With ``loss_capacity`` each call's loss is written into a device buffer (inside the graph too, through
     a device-side index), so the trial's loss trajectory costs no synchronisation and no extra launch per
     replay; it is read once, at the end.
@@ -289,6 +334,7 @@ class TrainStep:
         loss_capacity: int = 0,
         clip_grad_norm: Optional[float] = None,
         scheduler: Any = None,
+        compile_loss: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -311,6 +357,8 @@ class TrainStep:
         if self.use_graph and device.type != "cuda":
             raise KnobError("cuda_graphs needs a CUDA device")
         self._ddp = find_ddp(model)  # from ctx.ddp: micro-steps that only accumulate run under no_sync()
+        self._compiled_loss = _compiled_loss(model, config, compile_loss)
+        self.compiled_loss = self._compiled_loss is not None
         self.no_sync_steps = 0
         self._ddp_synced = False  # a backward of the DDP model has all-reduced
         if self.use_graph and self._ddp is not None:
@@ -344,28 +392,9 @@ class TrainStep:
         self._graph_warmup = -(-GRAPH_WARMUP_STEPS // self.accumulation) * self.accumulation
 
     def _loss(self, args: tuple[Any, ...]) -> torch.Tensor:
-        if len(args) == 2:
-            if self.loss_fn is None:
-                raise WorkloadError("step(inputs, targets) needs a loss_fn: ctx.train_step(model, optimizer, loss_fn), "
-                                    "or call step(batch) with a model that returns its loss")
-            inputs, targets = args
-            return self.loss_fn(self.model(inputs), targets)
-        (batch,) = args
-        if isinstance(batch, Mapping):
-            outputs = self.model(**batch)
-        elif isinstance(batch, (list, tuple)):
-            outputs = self.model(*batch)
-        else:
-            outputs = self.model(batch)
-        if self.loss_fn is not None:
-            return self.loss_fn(outputs, batch)
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
-        if not isinstance(loss, torch.Tensor):
-            raise WorkloadError(
-                f"the model's output ({type(outputs).__name__}) has no loss tensor (outputs.loss or outputs['loss']): "
-                "pass the labels the model needs in the batch, or loss_fn=fn(outputs, batch) to ctx.train_step"
-            )
-        return loss
+        if self._compiled_loss is not None:
+            return self._compiled_loss(self.loss_fn, args)
+        return model_loss(self.model, self.loss_fn, args)
 
     def _backward(self, args: tuple[Any, ...], sync: bool = True) -> torch.Tensor:
         """Forward and backward of one micro-batch; gradients add into ``.grad``. Returns the unscaled loss.

@@ -237,8 +237,10 @@ TINY_GRID = [  # a CPU: no graphs, fp32 (bf16 has no fast CPU kernels here), no 
 ]
 
 
-def grid(gpt: Any, space: Any, caps: Any, device: Any, cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Part 2: each cell measured in this process with the space's budget."""
+def grid(gpt: Any, space: Any, caps: Any, device: Any, cells: list[dict[str, Any]],
+         context: Optional[Callable[..., Any]] = None) -> list[dict[str, Any]]:
+    """Part 2: each cell measured in this process with the space's budget (``context`` builds each cell's
+    trial context; by default a ``TrialContext``)."""
     import torch
     from autotune.trial._context import TrialContext
     from autotune.trial._knobs import applied
@@ -254,7 +256,7 @@ def grid(gpt: Any, space: Any, caps: Any, device: Any, cells: list[dict[str, Any
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        ctx = TrialContext(config=config, budget=space.budget, device=device)
+        ctx = (context or TrialContext)(config=config, budget=space.budget, device=device)
         cell_started = time.perf_counter()
         try:
             with applied(config, device):
