@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from benchmarks.runners.loss_graph_ab import module_only_context
 from benchmarks.runners.lm_h200 import SPACE, _example, grid
 
 PICK = {"precision": "bf16", "attention": "auto", "compile": "default", "optimizer_impl": "fused"}
@@ -53,24 +54,6 @@ def matmul_flops(gpt: Any, tokens: int) -> float:
     weights = s.layers * 12 * s.d_model ** 2 + s.vocab * s.d_model  # the blocks and the tied output head
     attention = s.layers * 3 * 2 * 2 * tokens * s.seq * s.d_model / 2
     return 6.0 * weights * tokens + attention
-
-
-def module_only_context(**kwargs: Any) -> Any:
-    """A trial context whose ``train_step`` calls the compiled module (``compile_loss=False``), as steps did
-    before the forward pass and the loss were compiled as one graph: the comparison's other side."""
-    from autotune.trial import _context, _knobs
-
-    ctx = _context.TrialContext(**kwargs)
-
-    def train_step(model: Any, optimizer: Any, loss_fn: Any = None, **options: Any) -> Any:
-        capacity = ctx._plan()[0] + _context.LOSS_SLACK if ctx.budget is not None else 0
-        step = _knobs.TrainStep(model, optimizer, loss_fn, config=ctx.config, device=ctx.device,
-                                loss_capacity=capacity, compile_loss=False, **options)
-        ctx._train_steps.append(step)
-        return step
-
-    ctx.train_step = train_step
-    return ctx
 
 
 def breakdown(gpt: Any, space: Any, device: Any, cell: dict[str, Any], *, warm: int, steps: int,
