@@ -55,6 +55,10 @@ BATCH_REFERENCE_FAILED = "reference_failed:batch="
 # The fp32 references' loss statistics and metrics (a ReferenceBand as a dict): at the baseline's global
 # batch, and, under batch_policy scale, at each other global batch a trial used.
 REFERENCE_BAND = "reference_band"
+# Trial statuses of configs answered without a run (PRUNED, with the reason in ``pruned_reason``): the memory
+# rule's, and those holding values that cannot run together here (``SearchSpace.cannot_run``).
+CANNOT_RUN = "cannot_run"
+NOT_RUN = ("infeasible", CANNOT_RUN)
 BATCH_REFERENCE_BAND = "reference_band:batch="
 
 
@@ -139,13 +143,14 @@ def best_of(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> Optional[
 
 
 def _distinct_configs(study: optuna.Study) -> set[str]:
+    """The configs of the space that are done (configs that cannot run here are no part of its size)."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    return {json.dumps(t.params, sort_keys=True) for t in done}
+    return {json.dumps(t.params, sort_keys=True) for t in done if t.user_attrs.get("status") != CANNOT_RUN}
 
 
 def _budget_trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[FrozenTrial]:
-    """Trials that spend the budget: configs ruled out by the memory rule cost no run and do not."""
-    return [t for t in study.get_trials(deepcopy=False, states=states) if t.user_attrs.get("status") != "infeasible"]
+    """Trials that spend the budget: configs ruled out without a run (``NOT_RUN``) cost none and do not."""
+    return [t for t in study.get_trials(deepcopy=False, states=states) if t.user_attrs.get("status") not in NOT_RUN]
 
 
 @dataclasses.dataclass(frozen=True)

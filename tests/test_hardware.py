@@ -199,3 +199,15 @@ def test_probe_counts_the_cores_this_process_may_use_not_the_host(tmp_path) -> N
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "1"
+
+
+def test_capabilities_round_trip_the_attention_precisions_and_old_data_still_loads() -> None:
+    import json
+
+    caps = Capabilities(cuda=True, bf16=True, attention_precision_unavailable={
+        "flash": {"fp32": "SDPA has no flash kernel for float32 on CUDA here", "tf32": "same"}})
+    again = Capabilities.from_dict(json.loads(json.dumps(caps.to_dict())))
+    assert again == caps and again.attention_precision_unavailable["flash"]["tf32"] == "same"
+    old = caps.to_dict()
+    del old["attention_precision_unavailable"]  # stored by a version without the field
+    assert Capabilities.from_dict(old).attention_precision_unavailable == {}

@@ -409,3 +409,28 @@ def test_spaces_without_the_new_knobs_keep_their_stored_fingerprints() -> None:
     assert load_space("cpu_default").fingerprint == "8034e2c740f12c8d"
     assert load_space("example_cifar_cnn").fingerprint == "fa197fe222216081"
     assert load_space("example_gpt_lm").to_dict()["baseline"]["attention"] == "explicit"
+
+
+def test_the_probe_records_the_precisions_a_kept_backend_cannot_run_in() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from autotune.hardware._machine import DTYPE_PRECISIONS, SDPA_BACKENDS, _probe_kernels, sdpa_probe
+
+    removed, partial = sdpa_probe(CPU)
+    assert isinstance(partial, dict) and not set(partial) & set(removed)
+    for value, member in SDPA_BACKENDS.items():
+        if value in removed:
+            continue
+        for dtype, precisions in DTYPE_PRECISIONS.items():
+            q = torch.randn(1, 2, 16, 64, dtype=getattr(torch, dtype), requires_grad=True)
+            try:
+                with sdpa_kernel(getattr(SDPBackend, member)):
+                    F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+                runs = True
+            except RuntimeError:
+                runs = False
+            for precision in precisions:
+                assert runs == (precision not in partial.get(value, {})), (value, precision, partial)
+    # The probe's answer carries it, as JSON.
+    kernels = _probe_kernels(CPU)
+    assert kernels["attention_precision_unavailable"] == partial and kernels["attention_unavailable"] == removed

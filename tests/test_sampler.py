@@ -144,3 +144,34 @@ def test_input_knobs_keep_their_place_when_the_incumbent_waits():
     trial = study.ask()
     second = {name: trial.suggest_categorical(name, dist.choices) for name, dist in space.items()}
     assert second["num_workers"] != first["num_workers"]
+
+
+def test_never_proposes_values_that_cannot_run_together():
+    from autotune.hardware import Capabilities
+    from autotune.search._space import parse_space, restrict_to
+
+    # attention is not searched (the baseline's flash), so the check fills it in from the baseline.
+    space = restrict_to(parse_space({"knobs": {"precision": ["fp32", "bf16"], "batch_size": [32, 64],
+                                               "channels_last": [False, True]},
+                                     "baseline": {"attention": "flash"}}),
+                        Capabilities(cuda=False, bf16=True, attention_precision_unavailable={
+                            "flash": {"bf16": "no bf16 flash here"}}))
+    assert space.size == 4
+
+    def proposals(cannot_run):
+        study = _study(GuidedSampler(search_space=space.distributions(), canonical=space.asked_params,
+                                     cannot_run=cannot_run, seed=0))
+        out = []
+        for i in range(space.size):
+            trial = study.ask()
+            config = space.sample(trial)
+            out.append(config)
+            trial.set_user_attr("status", "ok")
+            trial.set_constraint("failure", 0.0)
+            study.tell(trial, 100.0 + i)
+        return out
+
+    configs = proposals(space.cannot_run)
+    assert all(c.precision == "fp32" and c.attention == "flash" for c in configs)
+    assert len({(c.batch_size, c.channels_last) for c in configs}) == space.size  # every config that can run
+    assert proposals(None)[0].precision == "bf16"  # without the check the prior point is bf16

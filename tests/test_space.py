@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -332,3 +333,65 @@ def test_a_stated_baseline_the_fixed_policy_cannot_take_is_refused() -> None:
 def test_format_baseline_reads_back() -> None:
     values = {"batch_size": 32, "channels_last": True, "cpu_threads": None, "compile": "off"}
     assert parse_baseline(format_baseline(values)) == values
+
+
+# -- values that cannot run together -----------------------------------------------------------------
+FLASH_FP32 = "SDPA has no flash kernel for float32 on CUDA here (torch: No available kernel)"
+CUDNN_FP32 = "SDPA has no cudnn kernel for float32 on CUDA here (torch: No available kernel)"
+H200_LIKE = Capabilities(cuda=True, bf16=True, gpu_count=1, gpu_name="GPU", attention_precision_unavailable={
+    "flash": {"fp32": FLASH_FP32, "tf32": FLASH_FP32},
+    "cudnn": {"fp32": CUDNN_FP32, "tf32": CUDNN_FP32},
+    "efficient": {"fp16": "not in this space"},  # efficient is no value of the space below: nothing recorded
+})
+ATTENTION_SPACE = ("knobs:\n  precision: [fp32, tf32, fp16, bf16]\n  attention: [explicit, auto, flash, cudnn]\n"
+                   "  batch_size: [32, 64]\nbudget: {samples: 2048, warmup_steps: 1, windows: 3}\n")
+
+
+def test_restrict_to_records_values_that_cannot_run_together(write_space) -> None:
+    space = load_space(write_space(ATTENTION_SPACE))
+    restricted = restrict_to(space, H200_LIKE)
+    keys = {"attention=flash with precision=fp32", "attention=flash with precision=tf32",
+            "attention=cudnn with precision=fp32", "attention=cudnn with precision=tf32"}
+    assert {c.key for c in restricted.combinations} == keys
+    assert {k: restricted.removed[k] for k in keys} == {k: FLASH_FP32 if "flash" in k else CUDNN_FP32 for k in keys}
+    # Each value alone still runs: both stay, and the definition (the fingerprint) is the user's.
+    assert restricted.knobs["attention"].values == space.knobs["attention"].values
+    assert restricted.knobs["precision"].values == space.knobs["precision"].values
+    assert restricted.fingerprint == space.fingerprint and restricted.to_dict() == space.to_dict()
+    for precision in ("fp32", "tf32", "fp16", "bf16"):
+        for attention in ("explicit", "auto", "flash", "cudnn"):
+            expected = {"flash": FLASH_FP32, "cudnn": CUDNN_FP32}.get(attention) if precision in ("fp32", "tf32") else None
+            assert restricted.cannot_run({"precision": precision, "attention": attention, "batch_size": 32}) == expected
+            full = restricted.baseline.replace(precision=precision, attention=attention).to_dict()
+            assert restricted.cannot_run(full) == expected, (precision, attention)
+    assert space.size == 32 and restricted.size == 32 - 2 * 4  # the combinations, at each batch size
+    assert restrict_to(space, dataclasses.replace(H200_LIKE, attention_precision_unavailable={})).combinations == ()
+
+
+def test_a_value_that_no_precision_of_the_space_runs_with_is_removed_as_a_value(write_space) -> None:
+    space = load_space(write_space(ATTENTION_SPACE.replace("fp32, tf32, fp16, bf16", "fp32, tf32")))
+    restricted = restrict_to(space, H200_LIKE)
+    assert restricted.combinations == () and "flash" not in restricted.knobs["attention"].values
+    assert restricted.removed["attention=flash"] == FLASH_FP32
+
+
+def test_a_combination_with_the_baseline_value_of_an_unsearched_knob(write_space) -> None:
+    # attention is not searched (the baseline's flash); flash cannot run in fp16 only here.
+    text = "knobs:\n  precision: [fp32, fp16]\nbaseline: {attention: flash}\nbudget: {samples: 2048, warmup_steps: 1, windows: 3}\n"
+    caps = dataclasses.replace(H200_LIKE, attention_precision_unavailable={"flash": {"fp16": "no fp16 flash"}})
+    restricted = restrict_to(load_space(write_space(text)), caps)
+    assert [c.key for c in restricted.combinations] == ["attention=flash with precision=fp16"]
+    assert restricted.cannot_run({"precision": "fp16"}) == "no fp16 flash"  # the unsearched knob from the baseline
+    assert restricted.cannot_run({"precision": "fp32"}) is None
+
+
+@pytest.mark.parametrize("baseline, what", [("{precision: fp32, attention: flash}", "the baseline"),
+                                            ("{precision: bf16, attention: cudnn}", "the fp32 reference")])
+def test_a_baseline_that_cannot_run_is_one_error(write_space, baseline: str, what: str) -> None:
+    space = load_space(write_space(ATTENTION_SPACE + f"baseline: {baseline}\n"))
+    with pytest.raises(SpaceError) as info:
+        restrict_to(space, H200_LIKE)
+    message = str(info.value)
+    assert "\n" not in message and what in message and "reference run could not run" in message
+    pair = "attention=flash with precision=fp32" if "flash" in baseline else "attention=cudnn with precision=fp32"
+    assert pair in message and (FLASH_FP32 if "flash" in baseline else CUDNN_FP32) in message

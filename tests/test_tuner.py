@@ -504,3 +504,33 @@ def test_pruning_compares_a_first_window_with_first_windows(tmp_path: Path, cpu_
     assert reference[0] < 0.5 * study.trials[0].user_attrs["throughput"]  # the stall shows in its first window
     searched = [t for t in study.trials if t.user_attrs.get("role") != "reference"]
     assert searched and all(t.state == TrialState.COMPLETE for t in searched), [t.user_attrs.get("error") for t in searched]
+
+
+def test_configs_whose_values_cannot_run_together_are_pruned_without_a_run(tmp_path: Path, cpu_caps,
+                                                                           write_space) -> None:
+    # The probe's answer on a machine where the flash kernel takes no bf16 (data, as the probe reports it):
+    # train_tiny calls no attention, so only the tuner can keep those configs from running.
+    why = "SDPA has no flash kernel for bfloat16 on CPU here (torch: No available kernel)"
+    caps = dataclasses.replace(cpu_caps, attention_precision_unavailable={"flash": {"bf16": why}})
+    space = write_space("knobs:\n  precision: [fp32, bf16]\n  attention: [explicit, flash]\n" + TINY_BUDGET)
+    make_tuner(tmp_path, caps, "train_tiny", space, n_trials=1, study_name="pairs").run()  # the reference
+    study = open_study(sqlite_url(tmp_path), "pairs")
+    assert study.user_attrs["removed_knobs"]["attention=flash with precision=bf16"] == why
+    assert study.user_attrs["space_fingerprint"] == load_space(space).fingerprint
+    study.enqueue_trial({"precision": "bf16", "attention": "flash"})  # as another sampler might propose it
+    result = make_tuner(tmp_path, caps, "train_tiny", space, n_trials=3, study_name="pairs").run()
+
+    trials = open_study(sqlite_url(tmp_path), "pairs").get_trials()
+    pruned = trials[1]
+    assert pruned.params == {"precision": "bf16", "attention": "flash"} and pruned.state == TrialState.PRUNED
+    assert pruned.user_attrs["status"] == "cannot_run" and pruned.user_attrs["pruned_reason"] == why
+    logs = tmp_path / "studies" / "pairs" / "logs"
+    assert not (logs / "trial-1").exists()  # not run
+    # It cost none of the budget (3 trials): the three configs that can run ran, each once, the sampler
+    # choosing the two after the queued one; the one that cannot run was not proposed again.
+    ran = [t for t in trials if t.number != 1]
+    assert len(trials) == 4
+    assert sorted((t.params["precision"], t.params["attention"]) for t in ran) == [
+        ("bf16", "explicit"), ("fp32", "explicit"), ("fp32", "flash")]
+    assert all(t.state == TrialState.COMPLETE and t.user_attrs["status"] == "ok" for t in ran)
+    assert result.removed_knobs["attention=flash with precision=bf16"] == why

@@ -44,6 +44,9 @@ class Capabilities:
     attention_unavailable: dict[str, str] = field(default_factory=dict)
     optimizer_impl_unavailable: dict[str, str] = field(default_factory=dict)
     checkpointing_unavailable: str = ""
+    # SDPA backends that run here, but not in every precision: backend -> precision -> why (the trials that
+    # pair them cannot run; the search space records each pair as a combination, not a value, to leave out).
+    attention_precision_unavailable: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,13 +140,27 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+# The precision knob's values whose trials feed SDPA each dtype (tf32 computes in float32 tensors).
+DTYPE_PRECISIONS = {"float32": ("fp32", "tf32"), "bfloat16": ("bf16",), "float16": ("fp16",)}
+
+
 def sdpa_unavailable(device: Any) -> dict[str, str]:
     """The attention knob's SDPA backends that cannot run causal attention forward and backward here, with why.
 
     Each backend is tried in float32, bfloat16 and float16 (flash and cuDNN take only the half types on
-    CUDA); one that runs in none of them is unavailable. Which dtypes a trial feeds it is the config's
-    precision, so a backend that runs only in half precision still fails an fp32 trial (in its log).
+    CUDA); one that runs in none of them is unavailable. One that runs in some is kept, and the precisions
+    it cannot take are in ``sdpa_precision_unavailable``.
     """
+    return sdpa_probe(device)[0]
+
+
+def sdpa_precision_unavailable(device: Any) -> dict[str, dict[str, str]]:
+    """For each SDPA backend that runs here in some dtype, the precision values it cannot run in, with why."""
+    return sdpa_probe(device)[1]
+
+
+def sdpa_probe(device: Any) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``(sdpa_unavailable, sdpa_precision_unavailable)`` from one pass over the backends and dtypes."""
     import warnings
 
     import torch
@@ -152,28 +169,30 @@ def sdpa_unavailable(device: Any) -> dict[str, str]:
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
-        return {v: f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel" for v in SDPA_BACKENDS}
-    out = {}
+        return {v: f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel" for v in SDPA_BACKENDS}, {}
+    out: dict[str, str] = {}
+    partial: dict[str, dict[str, str]] = {}
+    where = device.type.upper()
     for value, member in SDPA_BACKENDS.items():
         backend = getattr(SDPBackend, member, None)
         if backend is None:
             out[value] = f"torch {torch.__version__} has no SDPBackend.{member}"
             continue
-        problem = ""
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            q = torch.randn(1, 2, 16, 64, device=device, dtype=dtype, requires_grad=True)
+        problems: dict[str, str] = {}  # dtype name -> torch's first line
+        for name in DTYPE_PRECISIONS:
+            q = torch.randn(1, 2, 16, 64, device=device, dtype=getattr(torch, name), requires_grad=True)
             try:
                 with warnings.catch_warnings(), sdpa_kernel(backend):
                     warnings.simplefilter("ignore")  # torch warns why each kernel declined before it raises
                     F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
             except RuntimeError as exc:
-                problem = problem or _first_line(exc)
-                continue
-            problem = ""
-            break
-        if problem:
-            out[value] = f"SDPA has no {value} kernel on {device.type.upper()} here (torch: {problem.split('. ')[0].rstrip('.')})"
-    return out
+                problems[name] = _first_line(exc).split(". ")[0].rstrip(".")
+        if len(problems) == len(DTYPE_PRECISIONS):
+            out[value] = f"SDPA has no {value} kernel on {where} here (torch: {next(iter(problems.values()))})"
+        elif problems:
+            partial[value] = {precision: f"SDPA has no {value} kernel for {name} on {where} here (torch: {why})"
+                              for name, why in problems.items() for precision in DTYPE_PRECISIONS[name]}
+    return out, partial
 
 
 def optimizer_impl_unavailable(device: Any) -> dict[str, str]:
@@ -205,7 +224,8 @@ def checkpointing_unavailable(device: Any) -> str:
 
 
 def _probe_kernels(device: Any) -> dict[str, Any]:
-    return {"attention_unavailable": sdpa_unavailable(device),
+    attention, attention_precision = sdpa_probe(device)
+    return {"attention_unavailable": attention, "attention_precision_unavailable": attention_precision,
             "optimizer_impl_unavailable": optimizer_impl_unavailable(device),
             "checkpointing_unavailable": checkpointing_unavailable(device)}
 

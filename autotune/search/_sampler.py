@@ -9,7 +9,8 @@ random until a model forms, the sampler:
    time in order of expected impact (precision, batch, compile, ...), moving whenever a neighbour wins;
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
    ``skip_margin``) or failing, since knob effects are close to separable;
-4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory);
+4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory), nor
+   one that ``cannot_run`` names a reason for (values that cannot run together here);
 5. lets the incumbent's bottleneck choose the knobs tried first (``BOTTLENECK_KNOBS``): its stored
    diagnosis (user attr ``diagnosis``), else its share of time waiting for input. Knobs that cannot help
    it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
@@ -165,6 +166,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             input-pipeline knobs are tried only after every other move.
         defer_past_slower: Try numeric values past a slower one on the incumbent's line only after the
             other single-knob moves (False: nearest first, whatever was seen; an ablation).
+        cannot_run: Why a config cannot run here, else None (``SearchSpace.cannot_run``); it is given the
+            asked params (the searched knobs), so it must fill in the knobs a space does not search.
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         seed: Optional[int] = None,
         input_idle: float = 0.02,
         defer_past_slower: bool = True,
+        cannot_run: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,
     ) -> None:
         if not 0 <= skip_margin < 1:
             raise ValueError("skip_margin must be in [0, 1)")
@@ -192,6 +196,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._seed = seed
         self._input_idle = input_idle
         self._defer_past_slower = defer_past_slower
+        self._cannot_run = cannot_run or (lambda params: None)
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     # -- Optuna's sampler interface -------------------------------------------------------------
@@ -238,6 +243,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         def fresh(candidate: dict[str, Any], *, allow_dropped: bool = False) -> bool:
             asked = self._asked(candidate)
             if self._key(asked) in taken or infeasible_reason(asked, ooms) is not None:
+                return False
+            if self._cannot_run(asked) is not None:
                 return False
             return allow_dropped or not any((k, v) in dropped for k, v in asked.items())
 

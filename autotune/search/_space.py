@@ -12,7 +12,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import yaml
 
@@ -117,6 +117,19 @@ class Knob:
 
 
 @dataclass(frozen=True)
+class Combination:
+    """Knob values that each can run, but not together (e.g. an attention kernel in one precision), and why."""
+
+    values: tuple[tuple[str, Any], ...]  # (knob, value) pairs, in the order they are named
+    reason: str
+
+    @property
+    def key(self) -> str:
+        """How ``SearchSpace.removed`` names it: ``attention=flash with precision=fp32``."""
+        return " with ".join(f"{knob}={_fmt(value)}" for knob, value in self.values)
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     """A validated search space. Knobs not listed keep the baseline's value.
 
@@ -132,6 +145,8 @@ class SearchSpace:
     removed: dict[str, str] = field(default_factory=dict)  # "knob=value" -> why the probe removed it
     declared_batch_sizes: Optional[Knob] = None  # the batch knob as written, before the policy trimmed it
     global_batch_stated: bool = False  # the YAML set global_batch (else it follows the baseline batch x ranks)
+    # Values the probe kept that cannot run together; each is also in ``removed`` under its key.
+    combinations: tuple[Combination, ...] = ()
 
     @property
     def batch_policy(self) -> str:
@@ -234,17 +249,18 @@ class SearchSpace:
     @functools.cached_property
     def size(self) -> int:
         """Distinct configs: knobs that cannot matter for a config (prefetch without workers, the other
-        loader's knobs, graphs under a compile mode that captures its own) do not multiply it."""
+        loader's knobs, graphs under a compile mode that captures its own) do not multiply it, and configs
+        holding values that cannot run together here (``combinations``) are not counted."""
         nominal = 1
         for knob in self.knobs.values():
             nominal *= len(knob.values)
         if nominal > _ENUMERATION_LIMIT:
             return nominal  # an upper bound; enumerating would cost more than it tells
         names = list(self.knobs)
-        distinct = {
-            json.dumps(self.asked_params(dict(zip(names, values))), sort_keys=True, default=str)
-            for values in itertools.product(*(self.knobs[n].values for n in names))
-        }
+        asked = (self.asked_params(dict(zip(names, values)))
+                 for values in itertools.product(*(self.knobs[n].values for n in names)))
+        distinct = {json.dumps(params, sort_keys=True, default=str) for params in asked
+                    if not (self.combinations and self.cannot_run(params))}
         return len(distinct)
 
     def without(self, knob: str, value: Any, reason: str) -> "SearchSpace":
@@ -265,6 +281,33 @@ class SearchSpace:
             fallback = remaining[0] if remaining else getattr(TrialConfig(), knob)
             baseline = baseline.replace(**{knob: fallback})
         return dataclasses.replace(self, knobs=knobs, removed=removed, baseline=baseline)
+
+    def with_combination(self, combination: Combination) -> "SearchSpace":
+        """This space with one more combination that cannot run, recorded in ``removed`` too."""
+        if combination in self.combinations:
+            return self
+        return dataclasses.replace(self, combinations=(*self.combinations, combination),
+                                   removed={**self.removed, combination.key: combination.reason})
+
+    def cannot_run(self, values: Mapping[str, Any]) -> Optional[str]:
+        """Why a config cannot run here (it holds a recorded combination), else None.
+
+        ``values`` is a full config (``TrialConfig.to_dict()``) or a trial's params: a knob it lacks takes
+        the value that sampling these params gives it (the baseline's where the knob is not searched).
+        """
+        full: Optional[TrialConfig] = None
+        for combination in self.combinations:
+            for knob, value in combination.values:
+                if knob in values:
+                    actual = values[knob]
+                else:
+                    full = full or self.sample(_DictAsker(dict(values)))
+                    actual = getattr(full, knob)
+                if actual != value:
+                    break
+            else:
+                return combination.reason
+        return None
 
     def max_batch_size(self) -> int:
         spec = self.knobs.get("batch_size")
@@ -722,6 +765,43 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
     removals += _process_removals(space, caps)
     for knob, value, why in removals:
         space = space.without(knob, value, why)
+    return _restrict_combinations(space, "attention", "precision",
+                                  getattr(caps, "attention_precision_unavailable", None) or {})
+
+
+def _values_here(space: SearchSpace, knob: str) -> tuple[Any, ...]:
+    """The values a knob takes in this space's trials: its choices, or the baseline's where it is not searched."""
+    spec = space.knobs.get(knob)
+    return spec.values if spec is not None else (getattr(space.baseline, knob),)
+
+
+def _restrict_combinations(space: SearchSpace, first: str, second: str,
+                           unavailable: Mapping[str, Mapping[str, str]]) -> SearchSpace:
+    """Record each (``first`` value, ``second`` value) pair of ``unavailable`` that the space can pair.
+
+    A ``first`` value that no ``second`` value of the space can run with goes as a value instead.
+
+    Raises:
+        SpaceError: the baseline, or its fp32 form that the accuracy reference trains, is such a pair.
+    """
+    seconds = _values_here(space, second)
+    for value, whys in sorted(unavailable.items()):
+        if value not in _values_here(space, first):
+            continue
+        bad = [other for other in seconds if other in whys]
+        if bad and len(bad) == len(seconds) and first in space.knobs:
+            space = space.without(first, value, "; ".join(dict.fromkeys(whys[other] for other in bad)))
+            continue
+        for other in bad:
+            space = space.with_combination(Combination(values=((first, value), (second, other)), reason=whys[other]))
+    reference = space.baseline.replace(precision="fp32")
+    for config, what in ((space.baseline, "the baseline"), (reference, "the fp32 reference (the baseline in fp32)")):
+        pair = ((first, getattr(config, first)), (second, getattr(config, second)))
+        why = unavailable.get(pair[0][1], {}).get(pair[1][1])
+        if why:
+            key = Combination(values=pair, reason=why).key
+            raise SpaceError(f"{space.name}: {what} pairs {key}, which cannot run here ({why}), so the reference "
+                             f"run could not run; set another {first} or {second} in the baseline")
     return space
 
 

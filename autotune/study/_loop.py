@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import Colocation, Measurement, TrialConfig, TrialOutcome, TrialRecord
-from autotune._records import BATCH_REFERENCE, _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune._records import BATCH_REFERENCE, CANNOT_RUN, _best_record, _budget_trials, _distinct_configs, _feasible
 from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
@@ -100,8 +100,8 @@ class TrialLoop:
                 ruled_out = 0
 
     def _run_one(self, ui: _Progress) -> str:
-        """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule
-        answered it without a run)."""
+        """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule, or a
+        combination of values that cannot run here, answered it without a run)."""
         study = self.study
         with warnings.catch_warnings():
             # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
@@ -146,6 +146,12 @@ class TrialLoop:
             study.tell(trial, state=TrialState.FAIL)
             time.sleep(0.5)
             return "surplus"
+        # A pair of values that the probe found cannot run together (each alone can), then the memory rule.
+        cannot_run = self.space.cannot_run(config.to_dict())
+        if cannot_run:
+            self._prune_infeasible(trial, config, cannot_run, status=CANNOT_RUN)
+            ui.ruled_out(trial.number, config, cannot_run)
+            return "infeasible"
         reason = infeasible_reason(config.to_dict(), self._oom_configs())
         if reason:
             self._prune_infeasible(trial, config, reason)
@@ -376,9 +382,11 @@ class TrialLoop:
             if t.user_attrs.get("status") == "oom" and "config" in t.user_attrs
         ]
 
-    def _prune_infeasible(self, trial: optuna.Trial, config: TrialConfig, reason: str) -> None:
+    def _prune_infeasible(self, trial: optuna.Trial, config: TrialConfig, reason: str, *,
+                          status: str = "infeasible") -> None:
+        """PRUNED without a run, with why; like every config not run, it does not count toward the budget."""
         trial.set_user_attr("config", config.to_dict())
-        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("status", status)
         trial.set_user_attr("pruned_reason", reason)
         self.study.tell(trial, state=TrialState.PRUNED)
 

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from optuna.trial import FrozenTrial
 
 from autotune._config import TrialConfig, TrialRecord
+from autotune._records import NOT_RUN
 from autotune.search._cost import CostModel, samples_from_trials, seconds_spent
 
 
@@ -20,7 +21,7 @@ def minutes_text(study: Any, total: int) -> str:
         return ""
     spent = seconds_spent(samples)
     done = sum(1 for t in trials if t.state.name in ("COMPLETE", "PRUNED") and t.user_attrs.get("role") != "reference"
-               and t.user_attrs.get("status") != "infeasible")
+               and t.user_attrs.get("status") not in NOT_RUN)
     ok = [t for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok" and t.values]
     best = max(ok, key=lambda t: t.values[0], default=None)
     config = dict(best.user_attrs.get("config") or best.params) if best is not None else {}
@@ -98,7 +99,7 @@ class _Progress:
             self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def ruled_out(self, number: int, config: TrialConfig, reason: str) -> None:
-        """The memory rule answered a proposed config without running it."""
+        """The memory rule, or a combination that cannot run here, answered a proposed config without a run."""
         self.say(f"  #{number:<3} {'skipped':<7} {'':>12}  {config.describe()}  [{reason}; not run]")
 
     def end_trial(self, trial: FrozenTrial) -> None:

@@ -378,6 +378,7 @@ class Tuner:
             search_space=space.distributions(),
             priors=None if self._caps.cuda else CPU_PRIORS,
             canonical=space.asked_params,
+            cannot_run=space.cannot_run if space.combinations else None,
             seed=None if self.options.study.mode == "join" else seed + self._resumed_trials,
         )
 
