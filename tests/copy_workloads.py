@@ -19,6 +19,10 @@ from workloads import PlainSGD, accuracy, dataset, tiny_model
 
 COPY_WORKLOADS = str(Path(__file__).resolve())
 PIDDIR_ENV = "AUTOTUNE_TEST_PIDDIR"
+# The tiny MLP's step takes well under a millisecond, so its timed windows would span some 20 ms, where a
+# millisecond of scheduling skew between copies is 5% of the overlap. A pause per step stretches them to
+# a few hundred milliseconds, so the overlap measures the barrier and the train-on, not the scheduler.
+STEP_PAUSE = 0.004
 
 
 def _note_pids(ctx) -> None:
@@ -40,6 +44,7 @@ def train_copy(ctx) -> None:
     step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
     for inputs, targets in ctx.batches(ctx.loader(dataset(seed=ctx.seed))):
         step(inputs, targets)
+        time.sleep(STEP_PAUSE)
     ctx.record("test.copy", ctx.copy_index)
     ctx.record("test.seed", ctx.seed)
     ctx.record("test.threads", torch.get_num_threads())
