@@ -685,6 +685,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
+        _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit
         reason = exc.reason if isinstance(exc, _signals.Interrupted) else "KeyboardInterrupt"
         if not os.environ.get(_signals.PARENT_ENV):  # a worker's parent says it once for all
             print(f"autotune: interrupted by {reason}; a trial that had not finished is recorded as FAIL "

@@ -4,6 +4,7 @@ a second Ctrl-C kills at once, and workers die with their parent."""
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,7 +93,11 @@ def test_a_second_ctrl_c_kills_at_once_without_a_traceback(space, tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.02)
     out, err = _communicate(proc, 30)
-    assert proc.returncode == 130, err
+    # 130 from the handler, or death by SIGINT when a Ctrl-C lands after the interpreter has put the default
+    # handler back on its way out: both are what a shell shows as 130.
+    assert proc.returncode in (130, -signal.SIGINT), err
+    # One line: "killed at once" when a second Ctrl-C came during the cleanup, else the interrupted line
+    # (a Ctrl-C after it has been said ends the exit quietly).
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert _gone(trial_pid, wait=5)
 
@@ -138,9 +143,78 @@ def test_workers_die_with_a_sigkilled_parent_and_record_their_trials(space, tmp_
     for pid in workers:
         assert _gone(pid, wait=20), f"worker {pid} outlived its SIGKILLed parent"
     trials = study().trials
-    if [t for t in trials if t.state == TrialState.RUNNING]:
-        # A known, open race (about one run in three here): a worker killed this way sometimes exits without
-        # recording its running trial. The trial is not lost: its lease lapses and a resume fails and retries
-        # it (test_reliability_journal.py). Reported as xfail, so it shows in every summary until fixed.
-        pytest.xfail("a worker of a SIGKILLed parent left its trial RUNNING (open race; a resume recovers it)")
+    # A worker between trials may be inside study.ask(), which stores the new trial before it returns it:
+    # the signal is held there, so that trial is recorded too (it once stayed RUNNING, a run in three).
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     assert {t.user_attrs.get("failure") for t in trials if t.state == TrialState.FAIL} <= {"interrupted: SIGTERM"}
+
+
+class _SignalDuringAsk(optuna.samplers.RandomSampler):
+    """A real sampler that sends this process SIGTERM while Optuna asks for trial ``at``: in
+    ``before_trial``, after the storage has created the trial and before ``ask`` returns it: the window
+    (the storage reading the new trial back, a journal replaying its log, the sampler's ``before_trial``)
+    where a signal once left the trial RUNNING."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(seed=0)
+        self.at = at
+
+    def before_trial(self, study, trial):
+        if trial.number == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().before_trial(study, trial)
+
+
+def test_a_signal_while_a_trial_is_asked_for_records_that_trial(tmp_path):
+    from autotune import Tuner
+    from autotune.search._space import parse_space
+    from autotune.study import _signals
+
+    space = parse_space({"knobs": {"batch_size": [16, 32, 64]}, "baseline": {"batch_size": 16}, "batch_policy": "scale",
+                         "budget": {"samples": 256, "warmup_steps": 1, "windows": 3}}, where="s.yaml", name="s")
+    url = f"sqlite:///{tmp_path}/s.db"
+    restore = _signals.install()
+    try:
+        tuner = Tuner(f"{HERE / 'workloads.py'}:train_tiny", space=space, n_trials=3, top_k=0, reference_repeats=1,
+                      prune_below=None, studies_dir=tmp_path, storage=url, study_name="s", progress=False,
+                      plots=False, sampler=_SignalDuringAsk(at=2))
+        with pytest.raises(_signals.Interrupted):
+            tuner.run()
+    finally:
+        restore()
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    asked = trials[2]
+    assert asked.state == TrialState.FAIL and asked.user_attrs.get("failure") == "interrupted: SIGTERM"
+    assert trials[1].state == TrialState.COMPLETE  # the trial before it ran as usual
+
+
+_NOTICED = """
+import os, sys, time
+from autotune.study import _signals
+_signals.install()
+_signals.die_with_parent(parent=os.getppid())
+try:
+    print("ready", flush=True)  # inside the try: the test's first notice may land while it prints
+    time.sleep(30)
+except _signals.Interrupted as exc:
+    print("stopping:", exc.reason, flush=True)
+    time.sleep(1.0)  # recording the trial: a second notice lands here
+    print("recorded", flush=True)
+    sys.exit(143)
+"""
+
+
+def test_the_parent_gone_notice_stops_a_worker_once_however_often_it_comes():
+    # The kernel repeats the death notice each time it hands the orphan to another thread of the dying
+    # parent; the first stops the worker as a SIGTERM, the rest must not count as a second signal.
+    proc = subprocess.Popen([sys.executable, "-c", _NOTICED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=HERE.parent)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 143, err
+    assert out.splitlines() == ["stopping: SIGTERM", "recorded"]
+    assert "killed at once" not in err

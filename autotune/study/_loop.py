@@ -22,7 +22,7 @@ from autotune.search._space import SearchSpace
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
-from autotune.study._signals import interrupt_reason
+from autotune.study._signals import Interrupted, held_signals, interrupt_reason
 from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
@@ -103,10 +103,14 @@ class TrialLoop:
         """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule, or a
         combination of values that cannot run here, answered it without a run)."""
         study = self.study
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), held_signals() as held:
             # Optuna expects heartbeats from Study.optimize; this loop records them itself (_Heartbeat).
             warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
             trial = study.ask()
+        if held:  # a Ctrl-C or SIGTERM during ask: the trial exists, so it is recorded before stopping
+            exc = Interrupted(held[0])
+            self._end_unfinished(trial, None, None, exc)
+            raise exc
         # Whatever stops this process from here on (Ctrl-C, SIGTERM, an error) leaves the trial recorded.
         self._config, self._outcome = None, None
         try:
