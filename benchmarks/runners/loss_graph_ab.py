@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
+from benchmarks.runners.measure_configs import parse  # knob:value,... -> TrialConfig
 
 
 def module_only_context(**kwargs: Any) -> Any:
@@ -39,16 +39,6 @@ def module_only_context(**kwargs: Any) -> Any:
 
     ctx.train_step = train_step
     return ctx
-
-
-def parse_config(text: str) -> Any:
-    from autotune._config import TrialConfig
-
-    values = {}
-    for item in filter(None, text.split(",")):
-        key, _, raw = item.partition(":")
-        values[key] = yaml.safe_load(raw)
-    return TrialConfig(**values)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -71,7 +61,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     caps = probe()
     device = torch.device("cuda" if caps.cuda else "cpu")
-    config = parse_config(args.config)
+    config = parse(args.config)
     budget = Budget(samples=args.samples, warmup_steps=args.warmup_steps, windows=args.windows)
     train = load_target(args.workload)
     rows = []
