@@ -447,6 +447,9 @@ class Result:
     speedup_rounds: int = 0  # paired rounds behind the spread ("alternation"), 0 for single runs
     colocation_warning: str = ""  # workers of this study measured on the same device or cores
     baseline_source: str = ""  # where the baseline came from: the space's YAML, or --baseline (baseline=)
+    # The baseline's runs in the race differed by this much (max / min - 1): a noisy machine, whose speed-up
+    # is a range from the slowest to the fastest pairing. 0: not noisy.
+    noisy: float = 0.0
 
     @property
     def best_config(self) -> Optional[TrialConfig]:
@@ -470,8 +473,13 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        """``"1.42x faster than the baseline"``, or ``NO_FASTER_CONFIG``."""
-        return f"{self.speedup:.2f}x faster than the baseline" if self.faster else NO_FASTER_CONFIG
+        """``"1.42x faster than the baseline"`` (a range on a noisy machine), or ``NO_FASTER_CONFIG``."""
+        if not self.faster:
+            return NO_FASTER_CONFIG
+        if self.noisy:
+            return (f"{self.speedup_low:.2f}x to {self.speedup_high:.2f}x faster than the baseline (a noisy "
+                    "machine: a range, not a point)")
+        return f"{self.speedup:.2f}x faster than the baseline"
 
     @property
     def spread_text(self) -> str:
@@ -483,7 +491,11 @@ class Result:
         span = f"{self.speedup_low:.2f}x-{self.speedup_high:.2f}x"
         if self.speedup_basis == "alternation":
             rounds = f"{self.speedup_rounds} round{'s' if self.speedup_rounds != 1 else ''}"
-            return f"per-round ratios {span} over {rounds} of the top-K alternation with the baseline"
+            if self.noisy:
+                return (f"the machine was noisy: the baseline's own runs in the race differed by {self.noisy:.0%}, "
+                        f"so the speed-up is the range {span} of every run of the pick against every run of "
+                        f"the baseline ({rounds})")
+            return f"per-round ratios {span} over {rounds} of the race of the finalists with the baseline"
         return f"from single runs, not measured again: their timed windows give {span}"
 
     @property

@@ -58,7 +58,8 @@ REFERENCE_BAND = "reference_band"
 # Trial statuses of configs answered without a run (PRUNED, with the reason in ``pruned_reason``): the memory
 # rule's, and those holding values that cannot run together here (``SearchSpace.cannot_run``).
 CANNOT_RUN = "cannot_run"
-NOT_RUN = ("infeasible", CANNOT_RUN)
+OVER_BUDGET = "over_budget"  # proposed when the study's budget had no time left for it: not run
+NOT_RUN = ("infeasible", CANNOT_RUN, OVER_BUDGET)
 BATCH_REFERENCE_BAND = "reference_band:batch="
 
 
@@ -145,7 +146,8 @@ def best_of(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> Optional[
 def _distinct_configs(study: optuna.Study) -> set[str]:
     """The configs of the space that are done (configs that cannot run here are no part of its size)."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    return {json.dumps(t.params, sort_keys=True) for t in done if t.user_attrs.get("status") != CANNOT_RUN}
+    return {json.dumps(t.params, sort_keys=True) for t in done
+            if t.user_attrs.get("status") not in (CANNOT_RUN, OVER_BUDGET)}
 
 
 def _budget_trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[FrozenTrial]:
@@ -162,6 +164,7 @@ class _SpeedupEvidence:
     high: float = math.nan
     basis: str = "single runs"
     rounds: int = 0
+    noisy: float = 0.0  # the baseline's runs in the race differed this much (max / min - 1) on a noisy machine
 
 
 def _baseline_throughput(study: optuna.Study) -> float:
@@ -181,6 +184,13 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
         key = str(best.number)
         pairs = [(r.get(key), b) for r, b in zip(confirmed.get("rounds", []), baseline["throughputs"])]
         ratios = [w / b for w, b in pairs if w and b]
+        race = confirmed.get("race") or {}
+        if race.get("noisy"):
+            # The machine's speed moved under the race: any of the pick's runs against any of the baseline's.
+            mine = [r.get(key) for r in confirmed.get("rounds", []) if r.get(key)]
+            theirs = [b for b in baseline["throughputs"] if b]
+            return _SpeedupEvidence(baseline["median"], min(mine) / max(theirs), max(mine) / min(theirs),
+                                    "alternation", len(ratios), noisy=float(race.get("baseline_disagreement", 0.0)))
         return _SpeedupEvidence(baseline["median"], min(ratios, default=math.nan), max(ratios, default=math.nan),
                                 "alternation", len(ratios))
     reference = attrs.get("baseline_throughput", math.nan)
@@ -229,6 +239,7 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         speedup_high=evidence.high,
         speedup_basis=evidence.basis,
         speedup_rounds=evidence.rounds,
+        noisy=evidence.noisy,
         colocation_warning=attrs.get(COLOCATION, ""),
         baseline_source=attrs.get("baseline_source", ""),
         reference_metric=attrs.get("reference_metric"),

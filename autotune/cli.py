@@ -49,6 +49,10 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--space", help="search space: a YAML path or a name in search_spaces/ (default: by hardware)")
     p.add_argument("--trials", type=_positive_int, default=trials, help=f"trials in the study (default {trials})")
     p.add_argument("--timeout", type=_positive_float, help="stop starting trials after this many seconds")
+    p.add_argument("--budget", type=_positive_float, metavar="MINUTES",
+                   help="the whole study's minutes (references, trials, the race of the finalists, the report): "
+                        "trials run while they and the race fit, and the study always ends with a pick written "
+                        "(default: none; the demo's space sets its own)")
     p.add_argument("--study", help="study name (default: the function's name)")
     p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default sqlite:///studies/autotune.db)")
     p.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
@@ -183,7 +187,7 @@ def _add_mps_option(p: argparse.ArgumentParser) -> None:
 
 # CLI option -> Tuner keyword, for the options a subcommand has (a worker takes the rest from the study).
 _TUNER_OPTIONS = {
-    "space": "space", "trials": "n_trials", "timeout": "timeout", "max_accuracy_loss": "max_accuracy_loss",
+    "space": "space", "trials": "n_trials", "timeout": "timeout", "budget": "budget_minutes", "max_accuracy_loss": "max_accuracy_loss",
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
@@ -353,6 +357,18 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _document(result: Any) -> dict[str, Any]:
+    """The best_config.json the study wrote ({} when it cannot be read)."""
+    try:
+        return json.loads(Path(result.best_config_path).read_text()) if result.best_config_path else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _confirmation(result: Any) -> dict[str, Any]:
+    return _document(result).get("confirmed") or {}
+
+
 def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_k: int = 3) -> None:
     from rich.table import Table
 
@@ -375,7 +391,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
     if result.best is not None:
         table.add_row("best", result.best.config.describe(), f"{result.best.throughput:,.1f}",
                       f"{result.best.accuracy_loss:+.4f}")
-    table.caption = ("samples/s: medians of the top-K alternation, the baseline alternated with the fastest"
+    table.caption = ("samples/s: medians of the race of the finalists, the baseline raced with them"
                      if alternated else "samples/s: single runs" + (" (--top-k 0)" if top_k < 1 else ""))
     console.print(table)
     if result.best is None:
@@ -391,10 +407,15 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say("Why it wins: it changes " + "; ".join(changed) + ".")
         else:
             say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
-        if not alternated and not result.is_baseline and top_k >= 1:
+        confirmed = _confirmation(result)
+        if confirmed.get("confirmed"):
+            dropped = confirmed.get("dropped") or {}
+            say(f"Confirmed by a race: {confirmed.get('runs')} runs in {confirmed.get('rounds')} rounds, "
+                f"{confirmed.get('seconds') or 0:.0f} s; ended: {confirmed.get('ended')}"
+                + (f"; dropped #{', #'.join(dropped)}" if dropped else "") + ".")
+        elif not result.is_baseline and top_k >= 1:
             # With --top-k 0 the user chose single runs: the caption says so, and no advice is due.
-            say("These numbers are single runs: the top-K re-measurement did not run, since fewer than two "
-                "feasible configs (the baseline counting as one) were there to alternate.")
+            say(f"Not confirmed: {confirmed.get('why')}; these numbers are single runs.")
         if result.baseline_source:
             say(f"Baseline {result.baseline.describe()}: from {result.baseline_source}.")
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
@@ -413,6 +434,11 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         console.print("Removed before the search (capability probe, compile break-even, what the reference run "
                       "showed of the model): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()),
                       markup=False, highlight=False, soft_wrap=True)
+    split = _document(result).get("time_split")
+    if split:
+        from autotune.study._budget import format_split
+
+        say(f"Where the minutes went: {format_split(split)}.")
     console.print(f"Best config written to {escape(str(result.best_config_path))}")
     from autotune.study._storage import default_storage_url, mask_url
 
@@ -688,8 +714,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit
         reason = exc.reason if isinstance(exc, _signals.Interrupted) else "KeyboardInterrupt"
         if not os.environ.get(_signals.PARENT_ENV):  # a worker's parent says it once for all
+            written = getattr(exc, "best_config_path", None)
+            best = f"; the best so far, unconfirmed, is in {written}" if written else ""
             print(f"autotune: interrupted by {reason}; a trial that had not finished is recorded as FAIL "
-                  "(interrupted) and the study keeps every finished one: rerun the same command to resume",
+                  f"(interrupted) and the study keeps every finished one{best}: rerun the same command to resume",
                   file=sys.stderr)
         return _signals.exit_code(exc)
     finally:

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from autotune._errors import AutotuneError
 
@@ -85,6 +85,34 @@ def nvml_identity(index: int = 0) -> dict[str, str]:
         return {}
     finally:
         pynvml.nvmlShutdown()
+
+
+def machine_load(*, exclude_pids: Iterable[int] = ()) -> dict[str, Any]:
+    """What else loads the machine now: the 1-minute load average and the processes on each GPU (NVML)
+    other than ``exclude_pids``. Cheap enough to read around every run of a race (milliseconds)."""
+    load: dict[str, Any] = {"load_1min": round(os.getloadavg()[0], 2), "cpus": usable_cpus()}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no pynvml, no driver: the load average alone
+        return load
+    try:
+        mine = set(exclude_pids)
+        others = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in (list(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+                         + list(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle))):
+                if proc.pid not in mine:
+                    others.append({"gpu": index, "pid": proc.pid,
+                                   "memory_mib": round((proc.usedGpuMemory or 0) / 2**20, 1)})
+        load["gpu_processes"] = others
+    except Exception:
+        pass
+    finally:
+        pynvml.nvmlShutdown()
+    return load
 
 
 def _probe_here() -> Capabilities:

@@ -81,7 +81,8 @@ def _ask_order() -> tuple[str, ...]:
 
 
 _ASK_ORDER = _ask_order()
-_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget", "batch_policy", "global_batch", "processes_per_trial"}
+_TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget", "batch_policy", "global_batch", "processes_per_trial",
+                   "study_minutes"}
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ class SearchSpace:
     global_batch_stated: bool = False  # the YAML set global_batch (else it follows the baseline batch x ranks)
     # Values the probe kept that cannot run together; each is also in ``removed`` under its key.
     combinations: tuple[Combination, ...] = ()
+    # The whole study's default budget in minutes (``study_minutes:``), when the space declares one; a
+    # budget the user gives wins. Not part of the fingerprint: it says how long to search, not what.
+    study_minutes: Optional[float] = None
 
     @property
     def batch_policy(self) -> str:
@@ -552,8 +556,13 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
     except ValueError as exc:
         raise SpaceError(f"{where}: budget: {exc}") from None
 
+    minutes = data.get("study_minutes")
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float))
+                                or not 0 < minutes < float("inf")):
+        raise SpaceError(f"{where}: study_minutes: {minutes!r} is not a positive number of minutes")
     space = SearchSpace(
         name=name or where,
+        study_minutes=float(minutes) if minutes is not None else None,
         knobs=knobs,
         baseline=TrialConfig(**base_values, batch_policy="scale", processes_per_trial=processes),
         budget=budget,

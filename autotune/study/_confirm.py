@@ -1,13 +1,28 @@
-"""Confirming the best before it is declared: the top-K re-measurement, and an optional long run.
+"""Confirming the best before it is declared: a race of the finalists, and an optional long run.
 
-The top-K re-measurement alternates the K fastest configs and the baseline (A B C base, then
-base C B A, ...), so the winner's median and the baseline's median are measured the same way, in the
-same stretch of time, and the speed-up is their ratio. Several workers may share a study: the one that
-finishes last claims the re-measurement with a study attribute, so it runs once per study.
+The race runs the K fastest configs and the baseline in interleaved rounds (A B C base, then base C B A,
+...), so that drift favours no position, and every comparison is between runs of the same round. A
+sequential rule ends it as early as the evidence allows:
+
+- a finalist slower than the leader by more than ``CLEARLY_SLOWER`` in each of at least two measurements
+  (its search trial and the rounds so far) is dropped;
+- the baseline runs in ``BASELINE_RUNS`` rounds, not in every one (it is the slowest config, so its runs
+  cost most), and once more when its runs disagree by more than ``NOISY_MACHINE``;
+- the race stops when one finalist is left and the baseline has its runs, or after ``confirm_rounds``
+  rounds (a tie is raced to the end, then called by the medians and said to be within the noise), or when
+  the study's budget has no time for the next run.
+
+The baseline's runs disagreeing by more than ``NOISY_MACHINE`` marks the machine noisy: the speed-up is
+then given as a range (``_records._speedup_evidence``). What else loaded the machine during each run (the
+load average, other processes on the GPU) is recorded beside the rates.
+
+Several workers may share a study: the one that finishes last claims the race with a study attribute,
+so it runs once per study.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import time
@@ -18,6 +33,9 @@ from optuna.trial import TrialState
 
 from autotune._config import Budget, TrialConfig, TrialRecord
 from autotune._records import CONFIRMATION, _best_record, _feasible
+from autotune.hardware import machine_load
+from autotune.search._cost import CostModel, samples_from_trials
+from autotune.study._budget import StudyClock
 from autotune.study._options import ConfirmOptions
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
@@ -28,6 +46,14 @@ CLAIM = "top_k_confirmation_claim"
 # storage write takes, so of two workers that claim at once both see the last claim written.
 CLAIM_SETTLE_SECONDS = 2.0
 BASELINE_KEY = "baseline"  # the baseline's key in the rounds when it is no trial of the space
+# A finalist this much slower than the leader in every measurement (two at least) is out of the race. Run
+# to run, a steady workload's throughput moves by a few percent (benchmarks/results/*: 0.4-5%), so 10%
+# in each of two independent measurements is not noise.
+CLEARLY_SLOWER = 0.10
+BASELINE_RUNS = 2  # the fewest baseline runs that show their own spread
+# The baseline's runs differing by more than this (max / min - 1) say the machine's speed moved under the
+# race: other jobs, throttling. Then the speed-up is a range, not a point.
+NOISY_MACHINE = 0.20
 
 
 def _candidates(study: optuna.Study, top_k: int) -> tuple[list[TrialRecord], Optional[TrialRecord], TrialConfig]:
@@ -44,63 +70,195 @@ def _candidates(study: optuna.Study, top_k: int) -> tuple[list[TrialRecord], Opt
     return ranked, baseline_trial, baseline
 
 
-def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOptions, *, seed: int,
-                  ui: _Progress, worker: str = "") -> bool:
-    """Re-measure the top K configs and the baseline in alternation, so that drift or one lucky sample
-    cannot crown one, and so that the speed-up compares medians measured the same way.
-
-    Skipped when these configs were confirmed already (a resume that added nothing faster), when a trial
-    is still running (its worker confirms when it finishes), or when another worker holds the claim.
-    Returns whether it ran.
-    """
-    if options.top_k < 1:  # top-1 still alternates the pick with the baseline
-        return False
-    ranked, baseline_trial, baseline = _candidates(study, options.top_k)
-    order = [(str(r.number), r.config) for r in ranked]
+def _entrants(study: optuna.Study, top_k: int) -> tuple[list[tuple[str, TrialConfig, float]], str, list[Optional[int]]]:
+    """The race's entrants as (key, config, first-run rate), the baseline's key, and the signature."""
+    ranked, baseline_trial, baseline = _candidates(study, top_k)
+    entrants = [(str(r.number), r.config, r.throughput) for r in ranked]
+    base_rate = float(study.user_attrs.get("baseline_throughput") or 0.0)
     if baseline_trial is None:
-        order.append((BASELINE_KEY, baseline))
+        entrants.append((BASELINE_KEY, baseline, base_rate))
     elif baseline_trial.number not in [r.number for r in ranked]:
-        order.append((str(baseline_trial.number), baseline))
-    if len(order) < 2:
-        return False
+        entrants.append((str(baseline_trial.number), baseline, baseline_trial.throughput))
+    base_key = BASELINE_KEY if baseline_trial is None else str(baseline_trial.number)
     signature = [r.number for r in ranked] + [baseline_trial.number if baseline_trial else None]
+    return entrants, base_key, signature
+
+
+def run_seconds(study: optuna.Study, config: TrialConfig, rate: float) -> float:
+    """Predicted wall seconds of one more run of ``config`` (its compile now a cached one)."""
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    return model.predict(config.to_dict(), rate=rate or None)
+
+
+def race_seconds(study: optuna.Study, top_k: int) -> float:
+    """What the shortest race of the current finalists is predicted to cost: every finalist once, the
+    leader once more, and the baseline ``BASELINE_RUNS`` times. 0 when there is nothing to race."""
+    if top_k < 1 or "baseline_config" not in study.user_attrs:
+        return 0.0
+    entrants, base_key, _ = _entrants(study, top_k)
+    if len(entrants) < 2:
+        return 0.0
+    costs = {key: run_seconds(study, config, rate) for key, config, rate in entrants}
+    finalists = [key for key, _, _ in entrants if key != base_key]
+    leader = max(costs[k] for k in finalists) if finalists else 0.0
+    return sum(costs[k] for k in finalists) + leader + BASELINE_RUNS * costs[base_key]
+
+
+def clearly_slower(ratios: list[float]) -> bool:
+    """Whether a finalist's rates over the leader's (one per measurement) drop it from the race."""
+    return len(ratios) >= 2 and all(r < 1.0 - CLEARLY_SLOWER for r in ratios)
+
+
+def disagreement(rates: list[float]) -> float:
+    """max / min - 1 of a config's runs (0 with fewer than two)."""
+    rates = [r for r in rates if r]
+    return max(rates) / min(rates) - 1.0 if len(rates) >= 2 and min(rates) > 0 else 0.0
+
+
+def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOptions, *, seed: int,
+                  ui: _Progress, worker: str = "", clock: Optional[StudyClock] = None) -> bool:
+    """Race the top K configs and the baseline (see the module's docstring), so that drift or one lucky
+    sample cannot crown one, and so that the speed-up compares runs of the same rounds.
+
+    Skipped when these configs were raced already (a resume that added nothing faster), when a trial is
+    still running (its worker races when it finishes), or when another worker holds the claim. Returns
+    whether it ran.
+    """
+    if options.top_k < 1:  # top-1 still races the pick with the baseline
+        return False
+    entrants, base_key, signature = _entrants(study, options.top_k)
+    if len(entrants) < 2:
+        return False
     previous = study.user_attrs.get(CONFIRMATION)
     if previous and previous.get("candidates") == signature:
         return False  # already confirmed these, e.g. on a resume with nothing new
     if _running_elsewhere(study):
         return False
-    hold = len(order) * options.confirm_rounds * runner.timeout
+    hold = len(entrants) * options.confirm_rounds * runner.timeout
     if not _claim(study, signature, worker, hold_seconds=hold):
         return False
-    rounds: list[dict[str, Optional[float]]] = []
-    for round_index in range(options.confirm_rounds):
-        # Every other round runs backwards, so that a steady drift favours no position.
-        sequence = order if round_index % 2 == 0 else order[::-1]
-        rates: dict[str, Optional[float]] = {}
-        for key, config in sequence:
-            label = "the baseline" if key == BASELINE_KEY else f"#{key}"
-            ui.status(f"top-{len(ranked)} confirmation with the baseline, round {round_index + 1}: {label}")
-            outcome = runner.run(config, f"confirm-{key}-{round_index}", seed=seed)
-            ok = outcome.ok and outcome.measurement is not None
-            rates[key] = outcome.measurement.throughput if ok else None  # type: ignore[union-attr]
-        rounds.append({key: rates[key] for key, _ in order})
-    throughputs = {int(key): [r[key] for r in rounds if r[key] is not None] for key, _ in order if key != BASELINE_KEY}
-    medians = {n: statistics.median(v) for n, v in throughputs.items() if v}
-    base_key = BASELINE_KEY if baseline_trial is None else str(baseline_trial.number)
-    base_rates = [r[base_key] for r in rounds]
-    base_ok = [v for v in base_rates if v is not None]
-    study.set_user_attr(CONFIRMATION, {
-        "trials": [r.number for r in ranked],
-        "candidates": signature,
-        "throughputs": throughputs,
-        "medians": medians,
-        "winner": max(medians, key=lambda n: medians[n]) if medians else None,
-        "rounds": rounds,  # per round, by trial number (or "baseline"); None where the run failed
-        "baseline": {"trial": baseline_trial.number if baseline_trial else None, "throughputs": base_rates,
-                     "median": statistics.median(base_ok) if base_ok else None},
-        "worker": worker,
-    })
+    race = _Race(study, entrants, base_key, options.confirm_rounds)
+    race.run(runner, seed=seed, ui=ui, clock=clock or StudyClock())
+    study.set_user_attr(CONFIRMATION, race.record(signature, worker))
     return True
+
+
+class _Race:
+    """One race of finalists and the baseline; ``run`` races them, ``record`` is what the study keeps."""
+
+    def __init__(self, study: optuna.Study, entrants: list[tuple[str, TrialConfig, float]], base_key: str,
+                 max_rounds: int) -> None:
+        self.study = study
+        self.entrants = entrants
+        self.base_key = base_key
+        self.max_rounds = max(1, max_rounds)
+        self.first = {key: rate for key, _, rate in entrants}
+        self.live = [key for key, _, _ in entrants if key != base_key]
+        self.rounds: list[dict[str, Optional[float]]] = []
+        self.loads: list[dict[str, Any]] = []
+        self.dropped: dict[str, str] = {}
+        self.ended = ""
+        self.seconds = 0.0
+
+    def _rates(self, key: str) -> list[float]:
+        return [r[key] for r in self.rounds if r.get(key)]  # type: ignore[misc]
+
+    def leader(self) -> Optional[str]:
+        if not self.live:
+            return None
+        return max(self.live, key=lambda k: (statistics.median(self._rates(k)) if self._rates(k) else 0.0,
+                                             self.first[k]))
+
+    def _baseline_due(self) -> bool:
+        runs = self._rates(self.base_key)
+        if len(runs) < BASELINE_RUNS:
+            return True
+        # Disagreeing runs: one more says which was off, while rounds are left (it stays a range if not).
+        return len(runs) == BASELINE_RUNS and disagreement(runs) > NOISY_MACHINE
+
+    def _sequence(self, index: int) -> list[str]:
+        keys = [k for k, _, _ in self.entrants if k in self.live]
+        if self.base_key not in keys and self._baseline_due():
+            keys.append(self.base_key)
+        return keys if index % 2 == 0 else keys[::-1]
+
+    def _drop_slow(self) -> None:
+        leader = self.leader()
+        for key in list(self.live):
+            if key == leader or key == self.base_key:
+                continue
+            ratios = [self.first[key] / self.first[leader]] if self.first[leader] else []  # type: ignore[index]
+            ratios += [r[key] / r[leader] for r in self.rounds if r.get(key) and r.get(leader)]  # type: ignore[operator]
+            if clearly_slower(ratios):
+                self.live.remove(key)
+                self.dropped[key] = (f"after round {len(self.rounds)}: slower than #{leader} by "
+                                     f"{1 - max(ratios):.0%} or more in each of {len(ratios)} measurements")
+
+    def settled(self) -> bool:
+        return len([k for k in self.live if k != self.base_key]) <= 1 and not self._baseline_due()
+
+    def run(self, runner: TrialRunner, *, seed: int, ui: _Progress, clock: StudyClock) -> None:
+        configs = {key: config for key, config, _ in self.entrants}
+        started = time.monotonic()
+        mine = {os.getpid()}
+        for index in range(self.max_rounds):
+            rates: dict[str, Optional[float]] = {}
+            load: dict[str, Any] = {}
+            for key in self._sequence(index):
+                predicted = run_seconds(self.study, configs[key], self.first[key])
+                if clock.budgeted and not clock.fits(predicted):
+                    self.ended = (f"the budget: {clock.usable():.0f} s left, a run of "
+                                  f"{'the baseline' if key == BASELINE_KEY else '#' + key} needs about {predicted:.0f} s")
+                    break
+                label = "the baseline" if key == BASELINE_KEY else f"#{key}"
+                ui.status(f"race of {len(self.live)} finalist{'s' if len(self.live) != 1 else ''} and the "
+                          f"baseline, round {index + 1}: {label}")
+                before = machine_load(exclude_pids=mine)
+                outcome = runner.run(configs[key], f"confirm-{key}-{index}", seed=seed,
+                                     timeout=clock.cap(runner.timeout))
+                ok = outcome.ok and outcome.measurement is not None
+                rates[key] = outcome.measurement.throughput if ok else None  # type: ignore[union-attr]
+                load[key] = before
+            if rates:
+                self.rounds.append(rates)
+                self.loads.append(load)
+            if self.ended:
+                break
+            self._drop_slow()
+            if self.settled():
+                self.ended = "settled: " + ("one finalist left" if self.dropped or len(self.live) == 1
+                                            else "the order held") + f" after {len(self.rounds)} rounds"
+                break
+        else:
+            self.ended = f"{self.max_rounds} rounds, the most allowed" + (
+                f"; #{', #'.join(self.live)} within {CLEARLY_SLOWER:.0%} of each other" if len(self.live) > 1 else "")
+        self.seconds = time.monotonic() - started
+
+    def record(self, signature: list[Optional[int]], worker: str) -> dict[str, Any]:
+        keys = [k for k, _, _ in self.entrants]
+        rounds = [{key: r.get(key) for key in keys} for r in self.rounds]
+        throughputs = {int(k): self._rates(k) for k in keys if k != BASELINE_KEY}
+        medians = {n: statistics.median(v) for n, v in throughputs.items() if v}
+        eligible = {n: m for n, m in medians.items() if str(n) in self.live or str(n) == self.base_key}
+        winner = max(eligible or medians, key=lambda n: (eligible or medians)[n]) if medians else None
+        base_rates = [r.get(self.base_key) for r in rounds]
+        base_ok = [v for v in base_rates if v]
+        spread = disagreement(base_ok)
+        return {
+            "trials": [n for n in signature[:-1] if n is not None],  # the finalists: the top K by first run
+            "candidates": signature,
+            "throughputs": throughputs,
+            "medians": medians,
+            "winner": winner,
+            "rounds": rounds,  # per round, by trial number (or "baseline"); None where it failed or did not run
+            "baseline": {"trial": None if self.base_key == BASELINE_KEY else int(self.base_key),
+                         "throughputs": base_rates, "median": statistics.median(base_ok) if base_ok else None},
+            "race": {"dropped": self.dropped, "ended": self.ended, "seconds": round(self.seconds, 3),
+                     "runs": sum(1 for r in self.rounds for v in r.values() if v is not None),
+                     "noisy": spread > NOISY_MACHINE, "baseline_disagreement": round(spread, 4),
+                     "load": self.loads},
+            "worker": worker,
+        }
 
 
 def _running_elsewhere(study: optuna.Study) -> bool:

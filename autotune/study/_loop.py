@@ -15,10 +15,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import Colocation, Measurement, TrialConfig, TrialOutcome, TrialRecord
-from autotune._records import BATCH_REFERENCE, CANNOT_RUN, _best_record, _budget_trials, _distinct_configs, _feasible
+from autotune._records import (BATCH_REFERENCE, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials,
+                               _distinct_configs, _feasible)
 from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
+from autotune.search._cost import CostModel, samples_from_trials
+from autotune.study._budget import StudyClock
+from autotune.study._confirm import race_seconds
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
@@ -29,6 +33,9 @@ from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_a
 # How bad a verdict is, for the worst of a co-located trial's copies.
 VERDICT_SEVERITY = {"equivalent": 0, "unchecked": 1, "degraded": 2, "diverged": 3}
 INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
+# Proposals in a row that the budget had no time for before the search ends: a cheaper config (no
+# compile, say) may still fit after an expensive one did not.
+OVER_BUDGET_LIMIT = 3
 
 
 class TrialLoop:
@@ -46,11 +53,14 @@ class TrialLoop:
         prune_below: See ``SearchOptions.prune_below``.
         seed: The trials' seed.
         identity: Hostname and device attributes recorded on each trial.
+        clock: The study's clock: its deadline, when it has a budget, and the seconds of its parts.
+        top_k: Finalists the race after the search will run (its predicted cost is kept free).
     """
 
     def __init__(self, *, study: optuna.Study, space: SearchSpace, storage: Any, runner: TrialRunner,
                  references: References, n_trials: int, timeout: Optional[float], started: float,
-                 prune_below: Optional[float], seed: int, identity: dict[str, str]) -> None:
+                 prune_below: Optional[float], seed: int, identity: dict[str, str],
+                 clock: Optional[StudyClock] = None, top_k: int = 0) -> None:
         self.study = study
         self.space = space
         self.storage = storage
@@ -62,6 +72,10 @@ class TrialLoop:
         self.prune_below = prune_below
         self.seed = seed
         self.identity = identity
+        self.clock = clock or StudyClock()
+        self.top_k = top_k
+        self.budget_note = ""  # why the budget ended the search, when it did
+        self.ran: list[int] = []  # trials this loop ran a process for (the time split reads their records)
         self.sampler_done = False
         self._implied = 0  # configs the last out-of-memory ruled out (_record_implied_oom), to report
         self._leases = LeaseWatch(storage) if hasattr(storage, "lease_grace_period") else None
@@ -70,7 +84,7 @@ class TrialLoop:
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
-        study, ruled_out, infra = self.study, 0, 0
+        study, ruled_out, infra, over_budget = self.study, 0, 0, 0
         ui.set_best(_best_record(study))
         ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
         while not self.sampler_done:
@@ -98,6 +112,9 @@ class TrialLoop:
                     break
             else:
                 ruled_out = 0
+            over_budget = over_budget + 1 if ended == OVER_BUDGET else 0
+            if over_budget >= OVER_BUDGET_LIMIT or ended == "budget":
+                break
 
     def _run_one(self, ui: _Progress) -> str:
         """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule, or a
@@ -168,9 +185,28 @@ class TrialLoop:
             trial.set_user_attr("duplicate_of", duplicate.number)
             self._copy(trial, duplicate)
             return None
+        if self.clock.budgeted:
+            reserve = race_seconds(study, self.top_k)
+            predicted = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
+            if not self.clock.fits(predicted, keep=reserve):
+                why = (f"not run: the study's budget had {max(0.0, self.clock.usable()):.0f} s left, this trial needs "
+                       f"about {predicted:.0f} s and the race of the finalists {reserve:.0f} s")
+                self._prune_infeasible(trial, config, why, status=OVER_BUDGET)
+                ui.ruled_out(trial.number, config, why)
+                self.budget_note = why
+                return OVER_BUDGET
+        timeout = self.clock.cap(self.runner.timeout)
         with _Heartbeat(self.storage, trial._trial_id):
             outcome = self._outcome = self.runner.run(config, f"trial-{trial.number}", seed=self.seed,
-                                                      prune_below=self._prune_threshold())
+                                                      prune_below=self._prune_threshold(), timeout=timeout)
+            self.ran.append(trial.number)
+            if outcome.status == "timeout" and timeout < self.runner.timeout:
+                # The deadline stopped it, not the config: no verdict on the config, and the search ends.
+                trial.set_user_attr("config", config.to_dict())
+                trial.set_user_attr("failure", f"budget: stopped at the study's deadline after {timeout:.0f} s")
+                study.tell(trial, state=TrialState.FAIL)
+                self.budget_note = f"trial {trial.number} was stopped at the study's deadline"
+                return "budget"
             if outcome.ok:
                 # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
                 reference_seconds = self.references.at_batch(study, config, ui)

@@ -73,6 +73,10 @@ class SearchOptions:
             ``default_spaces`` (CPU, GPU) by the machine.
         n_trials: Trials in the study, counted across every worker and every resume.
         timeout: Stop starting trials after this many seconds.
+        budget_minutes: The whole study's minutes: references, trials, the race of the finalists and the
+            report. Trials are proposed only while the next one, and the race after it, fit; each run's time
+            limit is cut to the deadline; the study always ends with a pick written, saying how well it was
+            confirmed. ``None``: no budget (``n_trials`` and ``timeout`` alone end the search).
         sampler: An Optuna sampler; defaults to ``GuidedSampler`` over the space (prior point, then a
             coordinate walk from the best config, with the out-of-memory rule).
         prune_below: Stop a trial after its first timed window when its throughput is below this fraction
@@ -100,6 +104,7 @@ class SearchOptions:
     space: Any = None
     n_trials: int = 20
     timeout: Optional[float] = None
+    budget_minutes: Optional[float] = None
     sampler: Optional[optuna.samplers.BaseSampler] = None
     prune_below: Optional[float] = 0.5
     default_spaces: tuple[str, str] = ("cpu_default", "gpu_default")
@@ -118,6 +123,8 @@ class SearchOptions:
             raise ValueError("baseline must be knob values (a dict) or 'knob=value,...'")
         if self.batch_policy is not None and self.batch_policy not in BATCH_POLICIES:
             raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}")
+        if self.budget_minutes is not None and not 0 < self.budget_minutes < float("inf"):
+            raise ValueError(f"budget_minutes must be a positive number of minutes, not {self.budget_minutes}")
         if self.n_trials < 1:
             raise ValueError("n_trials must be at least 1")
         if self.train_minutes is not None and self.train_steps is not None:
@@ -199,14 +206,14 @@ class ConfirmOptions:
     """How the best config is confirmed before it is declared.
 
     Args:
-        top_k: Re-measure the top K feasible configs in alternation (A B C A B C ...) for
-            ``confirm_rounds`` rounds and pick by the median; 0 or 1 turns it off.
-        confirm_rounds: Rounds of the top-K re-measurement.
+        top_k: Race the top K feasible configs and the baseline in interleaved rounds, dropping a finalist
+            once it is clearly slower, and pick by the median (``autotune.study._confirm``); 0 turns it off.
+        confirm_rounds: The most rounds of the race: a tie is raced this long, a clear order ends sooner.
         confirm_samples: If set, train the best config and the reference this long and report both.
     """
 
     top_k: int = 3
-    confirm_rounds: int = 2
+    confirm_rounds: int = 3
     confirm_samples: Optional[int] = None
 
 

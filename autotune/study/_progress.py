@@ -48,9 +48,10 @@ def make_console(**options: Any) -> Any:
 class _Progress:
     """A rich progress bar: trial number, current config, best so far. Silent when disabled."""
 
-    def __init__(self, enabled: bool, total: int) -> None:
+    def __init__(self, enabled: bool, total: int, *, clock: Any = None) -> None:
         self.enabled = enabled
         self.total = total
+        self.clock = clock  # a StudyClock: with a budget, the minutes left are shown
         self._progress: Any = None
         self._task: Any = None
         self._best = "best: -"
@@ -79,6 +80,8 @@ class _Progress:
     def status(self, text: str) -> None:
         if self._progress is not None:
             minutes = f" | {self._minutes}" if self._minutes else ""
+            if self.clock is not None and self.clock.budgeted:
+                minutes += f" | budget: {max(0.0, self.clock.left()) / 60:.1f} of {self.clock.budget_seconds / 60:g} min left"
             self._progress.update(self._task, description=f"{text} | {self._best}{minutes}")
 
     def set_best(self, record: Optional[TrialRecord]) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import optuna
 
 from autotune._config import Measurement, TrialConfig, TrialOutcome, bin_means
-from autotune._errors import WorkloadError
+from autotune._errors import StudyError, WorkloadError
 from autotune._records import (
     BATCH_REFERENCE,
     BATCH_REFERENCE_BAND,
@@ -23,6 +23,7 @@ from autotune._records import (
     REFERENCE_BAND,
 )
 from autotune.study._options import AccuracyOptions
+from autotune.study._budget import StudyClock
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, judge
@@ -37,12 +38,15 @@ class References:
         options: How accuracy is judged.
         runner: Runs configs of the study; its baseline carries the batch policy.
         seed: The study's seed; reference repeat ``r`` runs with ``seed + r``.
+        clock: The study's clock: under a budget, each reference run's time limit is cut to its deadline.
     """
 
-    def __init__(self, *, options: AccuracyOptions, runner: TrialRunner, seed: int) -> None:
+    def __init__(self, *, options: AccuracyOptions, runner: TrialRunner, seed: int,
+                 clock: Optional[StudyClock] = None) -> None:
         self.options = options
         self.runner = runner
         self.seed = seed
+        self.clock = clock or StudyClock()
 
     @property
     def _baseline(self) -> TrialConfig:
@@ -58,6 +62,12 @@ class References:
         config, runs = self._runs(self._baseline, "reference", "", ui)
         measurements = []
         for workdir, outcome in runs:
+            if outcome.status == "timeout" and self.clock.budgeted and outcome.wall_seconds < self.runner.timeout - 1:
+                raise StudyError(
+                    f"the study's budget of {self.clock.budget_seconds / 60:g} minutes is too short: the fp32 "
+                    f"reference run did not finish in the {outcome.wall_seconds:.0f} s left to it; give a larger "
+                    "--budget (budget_minutes=)"
+                )
             if not outcome.ok or outcome.measurement is None:
                 raise WorkloadError(
                     f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
@@ -92,7 +102,7 @@ class References:
             while True:
                 ui.status(f"reference{where} {repeat + 1}/{repeats}: {config.describe()} (seed {seed})")
                 name = f"{workdir}-{repeat}" + (f"-micro{config.batch_size}" if split else "")
-                outcome = self.runner.run(config, name, seed=seed)
+                outcome = self.runner.run(config, name, seed=seed, timeout=self.clock.cap(self.runner.timeout))
                 smaller = _half_micro_batch(config) if outcome.status == "oom" and not done else None
                 if smaller is None:
                     break

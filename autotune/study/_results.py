@@ -13,10 +13,11 @@ from typing import Any
 import optuna
 
 from autotune._config import Result, dumps
-from autotune._records import study_dir
+from autotune._records import CONFIRMATION, study_dir
 
 
-def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
+def best_config_document(study: optuna.Study, result: Result, unconfirmed: str = "") -> dict[str, Any]:
+    """What ``best_config.json`` holds; ``unconfirmed`` says why this run did not race the pick ("" if it did)."""
     best = result.best
     trial = study.trials[best.number] if best else None
     measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
@@ -49,8 +50,25 @@ def best_config_document(study: optuna.Study, result: Result) -> dict[str, Any]:
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
         "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
+        "confirmed": confirmation_status(study, result, unconfirmed),
+        "time_split": study.user_attrs.get("time_split"),
         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def confirmation_status(study: optuna.Study, result: Result, unconfirmed: str = "") -> dict[str, Any]:
+    """How well the pick was confirmed: by a race (its rounds, runs, spread, how it ended), or not, and why."""
+    race_record = study.user_attrs.get(CONFIRMATION) or {}
+    best = result.best
+    if unconfirmed or best is None or race_record.get("winner") is None or int(race_record["winner"]) != best.number:
+        return {"confirmed": False,
+                "why": unconfirmed or ("nothing feasible was found" if best is None else "the pick was not raced"),
+                "basis": result.speedup_basis}
+    race = race_record.get("race") or {}
+    return {"confirmed": True, "rounds": len(race_record.get("rounds", [])), "runs": race.get("runs"),
+            "ended": race.get("ended"), "dropped": race.get("dropped"), "noisy": bool(race.get("noisy")),
+            "spread": {"low": _number(result.speedup_low), "high": _number(result.speedup_high)},
+            "seconds": race.get("seconds")}
 
 
 def _batch_policy(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -78,8 +96,8 @@ def _number(value: float) -> Any:
     return None if math.isnan(value) else value
 
 
-def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) -> Path:
-    """Write ``studies/<study>/best_config.json`` atomically."""
+def write_best_config(study: optuna.Study, result: Result, studies_dir: Path, *, unconfirmed: str = "") -> Path:
+    """Write ``studies/<study>/best_config.json`` atomically (``unconfirmed``: see ``best_config_document``)."""
     path = study_dir(study.study_name, studies_dir) / "best_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     # A temporary file of its own: two writers (workers finishing together) must not share one name.
@@ -87,7 +105,7 @@ def write_best_config(study: optuna.Study, result: Result, studies_dir: Path) ->
     try:
         os.fchmod(fd, 0o644)  # as a plain write would leave it, not mkstemp's 0600
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(best_config_document(study, result)) + "\n")
+            fh.write(dumps(best_config_document(study, result, unconfirmed)) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

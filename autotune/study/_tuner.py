@@ -26,6 +26,7 @@ from autotune._target import target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
 from autotune.search._sampler import GuidedSampler
+from autotune.study._budget import StudyClock
 from autotune.study._confirm import confirm_long, confirm_top_k
 from autotune.study._isolation import probe_in_trial_server, start_trial_server
 from autotune.study._locks import file_lock
@@ -412,9 +413,14 @@ class Tuner:
     def _run(self, cleanup: contextlib.ExitStack) -> Result:
         started = time.monotonic()
         opts = self.options
-        if opts.search.capabilities is None:
-            self._refuse_changed_rules_early()
-        caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
+        minutes = opts.search.budget_minutes
+        clock = self._clock = StudyClock(budget_seconds=minutes * 60 if minutes else None, started=started)
+        with clock.part("setup"):
+            if opts.search.capabilities is None:
+                self._refuse_changed_rules_early()
+        with clock.part("probe"):
+            caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
+        setup_began = time.monotonic()
         storage, storage_label = open_storage(opts.study.storage, opts.study.studies_dir,
                                               grace_period=opts.study.grace_period)
         self._identity = _device_identity(caps)
@@ -428,6 +434,8 @@ class Tuner:
             opts = self.options
         else:
             space = _space.restrict_to(self._load_space(caps), caps)
+            if clock.budget_seconds is None and space.study_minutes:
+                clock.budget_seconds = space.study_minutes * 60  # the space's default (the demo's)
             space, mps = self._open_mps(space, cleanup)
             self._check_stated_baseline(space)
             space = self._stored_compile_plan(storage, space)
@@ -438,8 +446,10 @@ class Tuner:
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
                              memory_limit_gib=opts.trial.memory_limit_gib,
                              compile_timeout=opts.trial.compile_deadline, mps=mps)
-        references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed)
-        with _Progress(opts.study.progress, opts.search.n_trials) as ui:
+        references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed,
+                                                   clock=clock)
+        clock.add("setup", time.monotonic() - setup_began)
+        with _Progress(opts.study.progress, opts.search.n_trials, clock=clock) as ui:
             if study is None or not _creation_done(study):
                 with self._reference_lock(runner, ui) as locked:
                     if locked and mode != "join":  # another process may have made the study while this one waited
@@ -447,7 +457,8 @@ class Tuner:
                         space = self._stored_model_restriction(storage, space)
                         study = self._load_existing(storage, space)
                     if study is None or not _creation_done(study):
-                        reference = references.baseline(ui)
+                        with clock.part("references"):
+                            reference = references.baseline(ui)
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.
                         space = self._plan_compiles(space, reference)
@@ -460,25 +471,87 @@ class Tuner:
                         self._show_reference(study, reference, ui)
             if mode == "create":
                 return summarize_study(study, storage_url=storage_label)
-            study.sampler = self._sampler(space)
-            self._warn_if_target_changed(study)
-            self._warn_if_shared(study, caps)
-            start_trial_server()
-            TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
-                      n_trials=opts.search.n_trials, timeout=opts.search.timeout, started=started,
-                      prune_below=opts.search.prune_below, seed=opts.study.seed, identity=self._identity).run(ui)
-            # In every mode that runs trials: when several workers share the study, the last to finish
-            # claims it (see confirm_top_k), so it runs once per study, after the trial budget is spent.
-            confirm_top_k(study, runner, opts.confirm, seed=opts.study.seed, ui=ui, worker=_worker_id())
-            if opts.confirm.confirm_samples:
-                confirm_long(study, runner, opts.confirm, seed=opts.study.seed,
-                             metric_direction=opts.accuracy.metric_direction, ui=ui)
-        from autotune.insight._report import annotate_study  # diagnoses, dashboard note, plots; never raises
+            with clock.part("setup"):
+                study.sampler = self._sampler(space)
+                self._warn_if_target_changed(study)
+                self._warn_if_shared(study, caps)
+                start_trial_server()
+            loop = TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
+                             n_trials=opts.search.n_trials, timeout=opts.search.timeout, started=started,
+                             prune_below=opts.search.prune_below, seed=opts.study.seed, identity=self._identity,
+                             clock=clock, top_k=opts.confirm.top_k)
+            try:
+                with clock.part("trials"):
+                    loop.run(ui)
+                # In every mode that runs trials: when several workers share the study, the last to finish
+                # claims it (see confirm_top_k), so it runs once per study, after the trial budget is spent.
+                with clock.part("race"):
+                    raced = confirm_top_k(study, runner, opts.confirm, seed=opts.study.seed, ui=ui,
+                                          worker=_worker_id(), clock=clock)
+                    if opts.confirm.confirm_samples:
+                        if clock.budgeted:
+                            ui.say("  --confirm-samples: not run under a budget (its length is not planned)")
+                        else:
+                            confirm_long(study, runner, opts.confirm, seed=opts.study.seed,
+                                         metric_direction=opts.accuracy.metric_direction, ui=ui)
+            except KeyboardInterrupt as exc:
+                # Ctrl-C or SIGTERM: the best so far is written, marked unconfirmed, before the exit.
+                self._write_unconfirmed(study, storage_label, loop, exc)
+                raise
+        with clock.part("report"):
+            from autotune.insight._report import annotate_study  # diagnoses, dashboard note, plots; never raises
 
-        annotate_study(study, studies_dir=studies_dir, plots=opts.study.plots)
-        result = summarize_study(study, storage_url=storage_label)
-        path = write_best_config(study, result, studies_dir)
+            annotate_study(study, studies_dir=studies_dir, plots=opts.study.plots)
+            result = summarize_study(study, storage_url=storage_label)
+        why = "" if raced else self._why_unconfirmed(study, loop)
+        self._record_split(study, loop)
+        path = write_best_config(study, result, studies_dir, unconfirmed=why)
         return _with_path(result, path)
+
+    def _why_unconfirmed(self, study: optuna.Study, loop: TrialLoop) -> str:
+        """Why no race confirmed the pick in this run ("" when an earlier run's race still stands)."""
+        from autotune._records import CONFIRMATION
+        from autotune.study._confirm import _entrants
+
+        confirmation = study.user_attrs.get(CONFIRMATION) or {}
+        if confirmation and confirmation.get("winner") is not None:
+            return ""
+        if self.options.confirm.top_k < 1:
+            return "--top-k 0: the pick and the baseline were not raced"
+        if len(_entrants(study, self.options.confirm.top_k)[0]) < 2:
+            return "fewer than two feasible configs (the baseline counting as one) to race"
+        if loop.budget_note or self._clock.budgeted:
+            return f"the budget left no time for the race ({max(0.0, self._clock.usable()):.0f} s left)"
+        return "another worker holds the race"
+
+    def _record_split(self, study: optuna.Study, loop: TrialLoop) -> None:
+        """Store where this run's minutes went (study attribute ``time_split``; see ``_budget.time_split``)."""
+        trials = study.get_trials(deepcopy=False)
+        split = self._clock.split([trials[n].user_attrs for n in loop.ran if n < len(trials)])
+        if loop.budget_note:
+            split["budget_note"] = loop.budget_note
+        try:
+            study.set_user_attr("time_split", split)
+        except Exception as exc:  # the split must never cost the study its pick
+            warnings.warn(f"the time split was not stored: {exc}", stacklevel=2)
+
+    def _write_unconfirmed(self, study: Optional[optuna.Study], storage_label: str, loop: TrialLoop,
+                           exc: BaseException) -> None:
+        """On an interrupt after a finished trial: best_config.json with the best so far, marked unconfirmed."""
+        from autotune._records import _best_record
+
+        if study is None or _best_record(study) is None:
+            return
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        try:
+            self._record_split(study, loop)
+            result = summarize_study(study, storage_url=storage_label)
+            path = write_best_config(study, result, self.options.study.studies_dir,
+                                     unconfirmed=f"interrupted by {reason} before the race confirmed it")
+        except Exception as err:  # the interrupt is what the user asked for: it goes on, said once
+            print(f"autotune: warning: the best so far was not written: {err}", file=sys.stderr, flush=True)
+            return
+        exc.best_config_path = str(path)  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
     def _reference_lock(self, runner: TrialRunner, ui: _Progress) -> Iterator[bool]:

@@ -136,7 +136,8 @@ def summarize(
         metric=metric,
         scaler_skips=scaler_skips,
         graph_replays=graph_replays,
-        extras=dict(extras or {}),
+        # The timed windows' own seconds: the study's time split reads them (study/_budget).
+        extras={**(extras or {}), "timed_seconds": round(timed, 4)},
         losses=tuple(losses),
         loss_every=loss_every,
     )
