@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from autotune import Tuner
 from autotune.insight._diagnose import Diagnosis, diagnose, next_step
-from autotune.search._cost import CostModel, compile_group, samples_from_trials
+from autotune.search._cost import CACHED_COMPILE_SHARE, CostModel, CostSample, compile_group, samples_from_trials
 from autotune.search._sampler import GuidedSampler
 from autotune.search._simulate import ReplayTable, TableRow, TrialClock, replay, replay_env
 from autotune.study._progress import minutes_text
@@ -180,6 +180,54 @@ def test_a_compile_seen_at_the_same_shapes_and_mode_is_predicted_cached():
     assert model.predict({**same, "compile": "off"}, 100.0) == pytest.approx(20.0)
     # An unseen mode: its prior, scaled by how this model's "default" compile compared with its prior.
     assert model.predict({**same, "compile": "max-autotune-no-cudagraphs"}, 100.0) == pytest.approx(20.0 + 180.0)
+
+
+def _compiled(number: int, batch: int, seconds: float, cache: str | None, **knobs) -> CostSample:
+    params = {"precision": "bf16", "batch_size": batch, "compile": "default", "num_workers": 0, **knobs}
+    return CostSample(number, params, seconds=seconds + 20.0, compile_seconds=seconds, compile_cache=cache)
+
+
+def test_the_cost_model_learns_warm_against_cold_compiles_from_the_trials_records():
+    # Batch 256 compiled cold (40 s), then warm from the study's cache after a loader change (4 s); batch 512
+    # compiled cold once (50 s). A precision move at 512 reuses its shapes: the measured 0.1, not the prior.
+    seen = [_compiled(0, 256, 40.0, "cold"), _compiled(1, 256, 4.0, "warm", num_workers=4),
+            _compiled(2, 512, 50.0, "cold")]
+    model = CostModel.fit(seen)
+    assert model.warm_share == pytest.approx(0.1)
+    at_512 = {"precision": "fp16", "batch_size": 512, "compile": "default"}
+    assert model.compile_seconds(at_512) == pytest.approx(5.0)
+    assert model.compile_seconds({**at_512, "batch_size": 256}) == pytest.approx(4.0)  # measured there
+    assert model.compile_seconds({**at_512, "batch_size": 1024}) == pytest.approx(45.0)  # fresh: the cold median
+    # Without a warm record (partial hits, or trials from before the records), the prior share stands.
+    for cache in ("partial", None):
+        prior = CostModel.fit([seen[0], _compiled(1, 256, 4.0, cache, num_workers=4), seen[2]])
+        assert prior.warm_share == CACHED_COMPILE_SHARE
+        assert prior.compile_seconds(at_512) == pytest.approx(50.0 * CACHED_COMPILE_SHARE)
+
+
+def test_a_compile_recorded_warm_first_is_no_fresh_compile_and_a_cold_repeat_is_learned():
+    # The cache outlived a resume: the group's first trial here compiled warm (3 s), which says nothing of
+    # a fresh compile. Another group compiled cold twice (caches off for it): a repeat costs a cold compile.
+    model = CostModel.fit([_compiled(0, 256, 3.0, "warm"), _compiled(1, 512, 30.0, "cold"),
+                           _compiled(2, 512, 32.0, "cold", num_workers=4)])
+    assert model.fresh_compile == {"default": 30.0}
+    assert model.compile_seconds({"batch_size": 256, "compile": "default"}) == pytest.approx(3.0)
+    assert model.compile_seconds({"batch_size": 512, "compile": "default"}) == pytest.approx(32.0)
+    assert model.warm_share == CACHED_COMPILE_SHARE
+
+
+def test_the_reference_trials_compile_is_a_cost_sample():
+    """The reference run recorded as trial 0 has no wall seconds, but its cold compile prices the warm ones."""
+    config = {"precision": "fp32", "batch_size": 64, "compile": "default", "num_workers": 0}
+    reference = optuna.trial.create_trial(state=TrialState.COMPLETE, values=[100.0], params={}, user_attrs={
+        "role": "reference", "compile_seconds": 20.0, "extra:compile_cache": "cold", "config": config})
+    warm = optuna.trial.create_trial(state=TrialState.COMPLETE, values=[100.0], params={}, user_attrs={
+        "wall_seconds": 9.0, "compile_seconds": 2.0, "extra:compile_cache": "warm",
+        "config": {**config, "num_workers": 1}})
+    warm.number = 1
+    samples = samples_from_trials([reference, warm])
+    assert [(s.seconds, s.compile_cache) for s in samples] == [(None, "cold"), (9.0, "warm")]
+    assert CostModel.fit(samples).warm_share == pytest.approx(0.1)
 
 
 # -- replay knows cost -----------------------------------------------------------------------------

@@ -5,13 +5,16 @@ A trial's seconds split into parts that differ in what they depend on:
 - *overhead*: starting the trial process, building the model, warm-up, the windows' bookkeeping: about the
   same for every config of a study, so its median over the trials seen is the estimate;
 - *compile*: zero without ``torch.compile``; the first compile of a model at given shapes and mode is
-  fresh (tens of seconds to minutes), a later one at the same shapes and mode hits the inductor caches and
-  costs a fraction of it (``compile_group`` names what is shared);
+  fresh (tens of seconds to minutes), a later one at the same shapes and mode hits the study's inductor
+  caches and costs a fraction of it (``compile_group`` names what is shared). Trials record whether their
+  compile was ``cold`` or ``warm`` (``extra:compile_cache``); once a warm one is seen, the measured warm over
+  cold ratio replaces the prior share (``CACHED_COMPILE_SHARE``);
 - *capture*: the CUDA Graph capture of the whole step, when graphs are on;
 - *steady*: the timed samples over the expected rate.
 
 ``CostModel.fit`` reads the study's trials (``user_attrs`` as the tuner records them: ``wall_seconds``,
-``run_seconds``, ``compile_seconds``, ``capture_seconds``, ``samples``, ``throughput``) or a replay's rows in
+``run_seconds``, ``compile_seconds``, ``capture_seconds``, ``samples``, ``throughput``,
+``extra:compile_cache``) or a replay's rows in
 the same form, and ``predict`` prices a candidate config. Until the study has seen a part, a documented
 prior stands in (``PRIOR_*``).
 """
@@ -36,6 +39,7 @@ PRIOR_COMPILE_S: dict[str, float] = {
     "max-autotune": 200.0,
 }
 # A compile at shapes and mode compiled before, over a fresh one: 6.1 and 6.3 s after 38-40 s on the H200.
+# The prior until the study records a warm compile (``CostModel.fit`` then uses the measured ratio).
 CACHED_COMPILE_SHARE = 0.16
 PRIOR_CAPTURE_S = 1.0
 # Knobs that change neither the compiled graph's shapes nor its mode: a compile is shared across them.
@@ -65,6 +69,8 @@ class CostSample:
         capture_seconds: Of ``seconds``, the CUDA Graph capture.
         samples: Samples trained, when recorded.
         throughput: Samples per second of the timed windows, when measured.
+        compile_cache: How its compile met the inductor caches as the trial recorded it (``"cold"``,
+            ``"warm"`` or ``"partial"``); None when not recorded (no compile, or an older record).
     """
 
     number: int
@@ -74,6 +80,7 @@ class CostSample:
     capture_seconds: float = 0.0
     samples: Optional[int] = None
     throughput: Optional[float] = None
+    compile_cache: Optional[str] = None
 
     @property
     def steady_seconds(self) -> float:
@@ -96,6 +103,7 @@ def sample_from_attrs(number: int, params: Mapping[str, Any], attrs: Mapping[str
     """A trial's user attributes (as the tuner records them) as a ``CostSample``."""
     samples = _number(attrs.get("samples"))
     throughput = _number(attrs.get("throughput"))
+    cache = attrs.get("extra:compile_cache")
     return CostSample(
         number=number,
         params=dict(attrs.get("config") or params),
@@ -104,15 +112,21 @@ def sample_from_attrs(number: int, params: Mapping[str, Any], attrs: Mapping[str
         capture_seconds=_number(attrs.get("capture_seconds")) or 0.0,
         samples=int(samples) if samples else None,
         throughput=throughput if throughput else None,
+        compile_cache=cache if cache in ("cold", "warm", "partial") else None,
     )
 
 
+def is_priced(attrs: Mapping[str, Any]) -> bool:
+    """Whether a finished trial's attributes price anything: its wall seconds, or (the reference run
+    recorded as a trial, which has no wall seconds of its own) its compile."""
+    return "wall_seconds" in attrs or (attrs.get("role") == "reference" and bool(_number(attrs.get("compile_seconds"))))
+
+
 def samples_from_trials(trials: Iterable[Any]) -> list[CostSample]:
-    """Finished Optuna trials (COMPLETE or PRUNED with a recorded ``wall_seconds``) as cost samples;
-    the reference run recorded as a trial counts too (it is a trial process like the others)."""
+    """Finished Optuna trials (COMPLETE or PRUNED, ``is_priced``) as cost samples."""
     out = []
     for t in trials:
-        if getattr(t.state, "name", "") not in ("COMPLETE", "PRUNED") or "wall_seconds" not in t.user_attrs:
+        if getattr(t.state, "name", "") not in ("COMPLETE", "PRUNED") or not is_priced(t.user_attrs):
             continue
         out.append(sample_from_attrs(t.number, t.params, t.user_attrs))
     return out
@@ -126,7 +140,9 @@ class CostModel:
         overhead: Median overhead seconds seen (``PRIOR_OVERHEAD_S`` before any).
         fresh_compile: Mode -> median fresh compile seconds seen.
         cached_compile: Compile group -> predicted compile seconds there: the least of the compiles after
-            the first, or ``CACHED_COMPILE_SHARE`` of the first.
+            the first, or ``warm_share`` of the first.
+        warm_share: A warm compile over the cold one of its group: the median measured where trials
+            recorded both, else ``CACHED_COMPILE_SHARE``.
         capture: Median capture seconds seen with graphs on (``PRIOR_CAPTURE_S`` before any).
         samples: Median samples per trial seen (0 before any: steady time unknown).
         rate: Median throughput seen (None before any).
@@ -135,6 +151,7 @@ class CostModel:
     overhead: float = PRIOR_OVERHEAD_S
     fresh_compile: Optional[dict[str, float]] = None
     cached_compile: Optional[dict[str, float]] = None
+    warm_share: float = CACHED_COMPILE_SHARE
     capture: float = PRIOR_CAPTURE_S
     samples: float = 0.0
     rate: Optional[float] = None
@@ -147,17 +164,25 @@ class CostModel:
         fresh: dict[str, list[float]] = {}
         first: dict[str, float] = {}
         again: dict[str, list[float]] = {}
-        for s in timed:
+        ratios: list[float] = []
+        for s in seen:  # the reference trial records its compile, not its wall seconds
             group = compile_group(s.params)
             if group is None or s.compile_seconds <= 0:
                 continue
-            if group in first:
-                again.setdefault(group, []).append(s.compile_seconds)
-            else:
+            # The trial's own record decides; without one, the group's first compile was the fresh one. A
+            # group seen first warm (the cache outlived a resume) has no fresh compile in this study.
+            cold = s.compile_cache == "cold" or (s.compile_cache is None and group not in first)
+            if cold and group not in first:
                 fresh.setdefault(s.params.get("compile", "off"), []).append(s.compile_seconds)
                 first[group] = s.compile_seconds
+                continue
+            again.setdefault(group, []).append(s.compile_seconds)
+            if s.compile_cache == "warm" and group in first:  # a partial hit is neither: left out of the ratio
+                ratios.append(s.compile_seconds / first[group])
+        share = statistics.median(ratios) if ratios else CACHED_COMPILE_SHARE
         # A compile at a seen group hits the caches: as measured there, else the share of its fresh compile.
-        cached = {g: min(again[g]) if g in again else seconds * CACHED_COMPILE_SHARE for g, seconds in first.items()}
+        groups = first.keys() | again.keys()
+        cached = {g: min(again[g]) if g in again else first[g] * share for g in groups}
         captures = [s.capture_seconds for s in timed if s.params.get("cuda_graphs") and s.capture_seconds > 0]
         counts = [s.samples for s in timed if s.samples]
         rates = [s.throughput for s in timed if s.throughput]
@@ -165,6 +190,7 @@ class CostModel:
             overhead=statistics.median(overheads) if overheads else PRIOR_OVERHEAD_S,
             fresh_compile={mode: statistics.median(v) for mode, v in fresh.items()},
             cached_compile=cached,
+            warm_share=share,
             capture=statistics.median(captures) if captures else PRIOR_CAPTURE_S,
             samples=float(statistics.median(counts)) if counts else 0.0,
             rate=statistics.median(rates) if rates else None,

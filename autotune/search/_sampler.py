@@ -42,7 +42,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search._cost import CostModel, CostSample, sample_from_attrs
+from autotune.search._cost import CostModel, CostSample, is_priced, sample_from_attrs
 from autotune.search._compile import slow_compile_modes
 from autotune.search._rules import infeasible_reason
 
@@ -259,7 +259,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         first, later = self._tiers(seen, best)
         deferred = self._past_slower(seen, anchor, best)
         priced = [s.cost for s in seen if s.cost is not None]
-        cost = CostModel.fit(priced) if priced else None  # nothing timed yet (replay without seconds): gain alone
+        # Nothing timed yet (replay without seconds, or the reference's compile alone): gain alone.
+        cost = CostModel.fit(priced) if any(c.seconds is not None for c in priced) else None
 
         def ranked(knobs: Sequence[str]) -> list[dict[str, Any]]:
             return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred), anchor, knobs,
@@ -534,7 +535,7 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         activations_4d=four_d if isinstance(four_d, bool) else None,
         failed=trial.state == TrialState.COMPLETE and status not in ("ok", "oom", "infeasible", "pruned"),
         cost=sample_from_attrs(trial.number, cost_params, {**attrs, "config": cost_params})
-        if finished and "wall_seconds" in attrs else None,
+        if finished and is_priced(attrs) else None,
         slow_compile=next(iter(slow_compile_modes([attrs])), None),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -9,6 +10,7 @@ from autotune._config import Budget, TrialConfig, TrialOutcome
 from autotune.hardware._mps import MpsSession
 from autotune.study._colocate import run_copies
 from autotune.study._isolation import run_isolated
+from autotune.trial._compile_cache import compile_cache_env
 from autotune.trial._execute import TrialSpec
 
 
@@ -17,7 +19,8 @@ class TrialRunner:
 
     Args:
         target: The ``module:function`` or ``path.py:function`` to run.
-        logdir: The study's log folder; each run gets a subfolder.
+        logdir: The study's log folder; each run gets a subfolder. Its sibling ``compile_cache`` is the
+            study's Inductor cache, which every trial shares (unless the user set its variables).
         baseline: The space's baseline config (its global batch is what ``ctx.lr_scale`` divides by).
         budget: The space's per-trial budget.
         timeout: Wall-clock seconds before a trial's process group is killed.
@@ -51,12 +54,23 @@ class TrialRunner:
             baseline_batch_size=self.baseline.global_batch_size,
             memory_limit_gib=self.memory_limit_gib,
             prune_below=prune_below,
-            env=self._mps_env(config),
+            env=self._env(config),
         )
 
-    def _mps_env(self, config: TrialConfig) -> Optional[dict[str, str]]:
+    def _env(self, config: TrialConfig) -> Optional[dict[str, str]]:
+        """The variables a trial gets on top of the coordinator's: the study's compile cache, MPS."""
+        env = compile_cache_env(self.compile_cache, os.environ) if config.compile != "off" else {}
+        env.update(self._mps_env(config))
+        return env or None
+
+    @property
+    def compile_cache(self) -> Path:
+        """The study's Inductor cache folder: a trial compiles warm what an earlier one compiled."""
+        return (self.logdir.parent / "compile_cache").absolute()  # trials may run in another directory
+
+    def _mps_env(self, config: TrialConfig) -> dict[str, str]:
         if self.mps is None:
-            return None
+            return {}
         return self.mps.client_env(enabled=config.mps, no_mps_dir=self.logdir.parent / "mps" / "off")
 
     def run(self, config: TrialConfig, workdir: str, *, seed: int, budget: Optional[Budget] = None,

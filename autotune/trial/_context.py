@@ -14,6 +14,7 @@ import torch
 from autotune.trial import _copies, _distributed, _images, _knobs, _phase
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
+from autotune.trial._compile_cache import compile_cache_record
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
 
@@ -478,6 +479,8 @@ class TrialContext:
         if self.world_size > 1:
             self._record_ranks()
             losses = _distributed.mean_across_ranks(losses, self.device)  # the job's loss, not rank 0's shard
+        if self.config.compile != "off":
+            self.extras.update(compile_cache_record())  # whether the study's compile cache made it warm
         return summarize(
             self.recorder,
             total_samples=self._samples_done * self.world_size,

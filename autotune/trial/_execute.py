@@ -111,12 +111,14 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
     """
     import torch
 
-    from autotune.trial import _distributed, _knobs, _phase
+    from autotune.trial import _compile_cache, _distributed, _knobs, _phase
     from autotune.trial._context import TrialContext, TrialPruned
 
     start = time.perf_counter()
-    if compile_clock_path is not None and spec.config.compile != "off":
-        _phase.install(compile_clock_path, spec.config.compile)
+    if spec.config.compile != "off":
+        _compile_cache.apply_switches()  # the study's compile cache, before anything compiles
+        if compile_clock_path is not None:
+            _phase.install(compile_clock_path, spec.config.compile)
     rank = _distributed.rank_from_env() if RANKS_ENV in os.environ else None
     try:
         fn = load_target(spec.target)
