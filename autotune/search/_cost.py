@@ -213,19 +213,22 @@ class CostModel:
         # A model that compiles fast in one mode compiles fast in the others: scale the prior by what was seen.
         return prior * (statistics.median(ratios) if ratios else 1.0)
 
-    def predict(self, params: Mapping[str, Any], rate: Optional[float] = None) -> float:
+    def predict(self, params: Mapping[str, Any], rate: Optional[float] = None, *,
+                samples: Optional[int] = None) -> float:
         """Predicted wall seconds of a trial of ``params``.
 
         Args:
             params: The candidate config.
             rate: Its expected throughput (the incumbent's, say); the median seen when None.
+            samples: Samples it trains (a race run's shorter budget); the median seen when None.
         """
         seconds = self.overhead + self.compile_seconds(params)
         if params.get("cuda_graphs") and params.get("compile") not in ("reduce-overhead", "max-autotune"):
             seconds += self.capture
         rate = rate or self.rate
-        if self.samples and rate:
-            seconds += self.samples / rate
+        samples = samples if samples is not None else self.samples
+        if samples and rate:
+            seconds += samples / rate
         return seconds
 
 

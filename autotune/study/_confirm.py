@@ -22,6 +22,7 @@ so it runs once per study.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -54,6 +55,23 @@ BASELINE_RUNS = 2  # the fewest baseline runs that show their own spread
 # The baseline's runs differing by more than this (max / min - 1) say the machine's speed moved under the
 # race: other jobs, throttling. Then the speed-up is a range, not a point.
 NOISY_MACHINE = 0.20
+# A race run measures speed alone (its config's accuracy was judged in its trial), so it trains only its
+# warm-up and timed windows of about this many seconds each at the config's known rate, never longer than
+# a trial. The slow fp32 baseline's runs shrink most: on the H200 demo, 8 s instead of 35 s.
+RACE_WINDOW_SECONDS = 1.0
+GRAPH_WARMUP_STEPS = 5  # the trial's warm-up under CUDA Graphs: eager steps, the capture, one replay
+
+
+def race_budget(budget: Budget, config: TrialConfig, rate: float) -> Budget:
+    """The budget of one race run of ``config`` (see ``RACE_WINDOW_SECONDS``); the trial's without a rate."""
+    if not rate or rate <= 0:
+        return budget
+    accumulation = max(1, config.accumulation_steps)
+    warmup = max(budget.warmup_steps, GRAPH_WARMUP_STEPS if config.cuda_graphs else 0)
+    warmup_steps = -(-warmup // accumulation)  # optimizer steps
+    window_steps = max(1, math.ceil(RACE_WINDOW_SECONDS * rate / config.global_batch_size))
+    samples = (warmup_steps + budget.windows * window_steps + 1) * config.global_batch_size
+    return Budget(samples=min(budget.samples, samples), warmup_steps=budget.warmup_steps, windows=budget.windows)
 
 
 def _candidates(study: optuna.Study, top_k: int) -> tuple[list[TrialRecord], Optional[TrialRecord], TrialConfig]:
@@ -84,13 +102,14 @@ def _entrants(study: optuna.Study, top_k: int) -> tuple[list[tuple[str, TrialCon
     return entrants, base_key, signature
 
 
-def run_seconds(study: optuna.Study, config: TrialConfig, rate: float) -> float:
-    """Predicted wall seconds of one more run of ``config`` (its compile now a cached one)."""
+def run_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: Optional[Budget] = None) -> float:
+    """Predicted wall seconds of one race run of ``config`` (its compile now a cached one)."""
     model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
-    return model.predict(config.to_dict(), rate=rate or None)
+    samples = race_budget(budget, config, rate).samples if budget is not None else None
+    return model.predict(config.to_dict(), rate=rate or None, samples=samples)
 
 
-def race_seconds(study: optuna.Study, top_k: int) -> float:
+def race_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> float:
     """What the shortest race of the current finalists is predicted to cost: every finalist once, the
     leader once more, and the baseline ``BASELINE_RUNS`` times. 0 when there is nothing to race."""
     if top_k < 1 or "baseline_config" not in study.user_attrs:
@@ -98,7 +117,7 @@ def race_seconds(study: optuna.Study, top_k: int) -> float:
     entrants, base_key, _ = _entrants(study, top_k)
     if len(entrants) < 2:
         return 0.0
-    costs = {key: run_seconds(study, config, rate) for key, config, rate in entrants}
+    costs = {key: run_seconds(study, config, rate, budget) for key, config, rate in entrants}
     finalists = [key for key, _, _ in entrants if key != base_key]
     leader = max(costs[k] for k in finalists) if finalists else 0.0
     return sum(costs[k] for k in finalists) + leader + BASELINE_RUNS * costs[base_key]
@@ -205,7 +224,7 @@ class _Race:
             rates: dict[str, Optional[float]] = {}
             load: dict[str, Any] = {}
             for key in self._sequence(index):
-                predicted = run_seconds(self.study, configs[key], self.first[key])
+                predicted = run_seconds(self.study, configs[key], self.first[key], runner.budget)
                 if clock.budgeted and not clock.fits(predicted):
                     self.ended = (f"the budget: {clock.usable():.0f} s left, a run of "
                                   f"{'the baseline' if key == BASELINE_KEY else '#' + key} needs about {predicted:.0f} s")
@@ -215,6 +234,7 @@ class _Race:
                           f"baseline, round {index + 1}: {label}")
                 before = machine_load(exclude_pids=mine)
                 outcome = runner.run(configs[key], f"confirm-{key}-{index}", seed=seed,
+                                     budget=race_budget(runner.budget, configs[key], self.first[key]),
                                      timeout=clock.cap(runner.timeout))
                 ok = outcome.ok and outcome.measurement is not None
                 rates[key] = outcome.measurement.throughput if ok else None  # type: ignore[union-attr]

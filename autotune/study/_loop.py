@@ -186,7 +186,7 @@ class TrialLoop:
             self._copy(trial, duplicate)
             return None
         if self.clock.budgeted:
-            reserve = race_seconds(study, self.top_k)
+            reserve = race_seconds(study, self.top_k, self.runner.budget)
             predicted = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
             if not self.clock.fits(predicted, keep=reserve):
                 why = (f"not run: the study's budget had {max(0.0, self.clock.usable()):.0f} s left, this trial needs "

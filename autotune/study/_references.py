@@ -87,6 +87,7 @@ class References:
             REFERENCE_BAND: band.to_dict(),
             "reference_curves": [_curve(m) for m in measurements],
             "reference_seconds": round(time.perf_counter() - started, 3),
+            "reference_wall_seconds": round(runs[0][1].wall_seconds, 3),  # the first run's process, for the cost model
         }
 
     def _runs(self, config: TrialConfig, workdir: str, where: str,

@@ -354,6 +354,8 @@ class Tuner:
         measurement = Measurement.from_dict(reference["reference_measurement"])
         user_attrs = measurement_attrs(measurement)
         verdict = self._references.judge(study, baseline, measurement)
+        if reference.get("reference_wall_seconds"):
+            user_attrs["wall_seconds"] = reference["reference_wall_seconds"]  # what a run of it costs (the race)
         user_attrs.update(config=baseline.to_dict(), status="ok", accuracy_loss=0.0, role="reference", worker=_worker_id(),
                           throughput_spread=measurement.spread, accuracy_verdict=verdict.label,
                           accuracy_evidence=f"the fp32 reference run itself (seed {self.options.study.seed}): "
