@@ -263,6 +263,14 @@ def test_an_infra_failure_is_retried_and_never_reused(tmp_path):
     assert "duplicate_of" not in again[0].user_attrs and again[0].params == failed[0].params
 
 
+def test_three_infra_failures_in_a_row_stop_the_run_naming_the_last_failure(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    env = {"AUTOTUNE_TEST_RMTREE": str(tmp_path / "studies" / "s" / "logs"), "AUTOTUNE_TEST_RMTREE_ONCE": "always"}
+    proc = _tune(tmp_path, storage, target=f"{WORKLOADS}:train_loses_its_folder", trials=6, env=env)
+    _one_line_error(proc, "3 trials in a row failed outside the config (the trial process could not write its log")
+    assert "()" not in proc.stderr
+
+
 # -- 11: passwords stay out of everything printed, and out of the workers' argv ----------------------------
 
 
