@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from autotune._config import NO_FASTER_CONFIG
-from autotune._errors import AutotuneError
+from autotune._errors import AutotuneError, printable
 
 DEMO_TARGET = "autotune.demo:train"
 
@@ -683,11 +683,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "simulate":
             return _simulate(args)
     except AutotuneError as exc:
-        print(f"autotune: error: {exc}", file=sys.stderr)
+        print(f"autotune: error: {printable(str(exc))}", file=sys.stderr)  # it may quote a trial's exception
         return 1
     except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit

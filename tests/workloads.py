@@ -269,3 +269,8 @@ def exit_hangs(ctx) -> None:
 
     os._exit = stuck  # this trial process only: each trial is a fresh fork
     train_tiny(ctx)
+
+
+def raise_control_sequences(ctx) -> None:
+    """An exception whose text holds terminal control sequences (blink, a window title), as a library's may."""
+    raise ValueError("\x1b[5mblink\x1b]0;retitled\x07 and the rest")
