@@ -210,7 +210,7 @@ def _make_tuner(Tuner: Any, args: argparse.Namespace, target: str, demo: bool, m
     return Tuner(
         target,
         default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
-        study_name=args.study or ("demo" if demo else None),
+        study_name=args.study if args.study is not None else ("demo" if demo else None),
         storage=storage or args.storage,
         trial_timeout=args.trial_timeout,
         memory_limit_gib=args.memory_limit,

@@ -432,6 +432,17 @@ def test_a_study_name_that_escapes_or_collides_is_refused_or_kept_apart(tmp_path
         load_best("x_y", studies_dir=tmp_path)
 
 
+def test_an_empty_or_reserved_study_name_is_refused(tmp_path):
+    # "" is not the function's name; "artifacts" would share the dashboard's artifact store.
+    for name, says in (("", "must not be empty"), ("artifacts", "autotune's own"), ("autotune.db", "autotune's own")):
+        proc = subprocess.run(_cmd("tune", TARGET, "--study", name, "--storage", f"sqlite:///{tmp_path / 'a.db'}",
+                                   "--studies-dir", str(tmp_path / "studies")),
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        _one_line_error(proc, f"study name {name!r}")
+        assert says in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 # -- 15: small ones ------------------------------------------------------------------------------------------
 
 
