@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 
 class AutotuneError(Exception):
     """Base class of every error autotune raises on purpose."""
@@ -33,6 +35,15 @@ class ReportError(AutotuneError):
 
 class TableError(AutotuneError):
     """A replay table that is missing or malformed."""
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (ESC, BEL, CR, newlines, C1) written as ``\\x1b`` escapes.
+
+    An exception's text is the workload's or a library's: printed raw, its terminal control sequences would
+    blink, retitle or clear the user's terminal, or hide the rest of the line.
+    """
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 __all__ = ["AutotuneError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError",

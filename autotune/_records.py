@@ -24,6 +24,10 @@ DEFAULT_STUDIES_DIR = Path("studies")
 
 
 MAX_STUDY_NAME = 200  # characters: the folder name, with room for a suffix, stays under 255 bytes
+# Names under studies_dir that are not a study's folder: the dashboard's artifact store (a study there would
+# share it), the default SQLite storage and its side files, the journal of --workers and its lock.
+RESERVED_NAMES = frozenset({"artifacts", "autotune.db", "autotune.db-journal", "autotune.db-wal", "autotune.db-shm",
+                            "autotune.journal", "autotune.journal.lock"})
 
 
 def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:
@@ -33,8 +37,12 @@ def study_dir(study_name: str, studies_dir: Path = DEFAULT_STUDIES_DIR) -> Path:
     itself, so that ``x y`` and ``x_y`` do not share a folder (and overwrite each other's files).
 
     Raises:
-        StudyError: the name is empty, ``.`` or ``..``, holds a path separator, or is too long.
+        StudyError: the name is empty, ``.`` or ``..``, reserved (``RESERVED_NAMES``), holds a path separator, or
+            is too long.
     """
+    if study_name in RESERVED_NAMES:
+        raise StudyError(f"study name {study_name!r}: {studies_dir}/{study_name} is autotune's own (the dashboard's "
+                         "artifacts, the default storage); pick another name")
     if study_name in ("", ".", "..") or any(c in study_name for c in "/\\\0"):
         raise StudyError(f"study name {study_name[:60]!r}: it names a folder under {studies_dir}, so it must not be "
                          "empty, '.', '..' or hold '/' or '\\'")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from autotune._config import NO_FASTER_CONFIG
-from autotune._errors import AutotuneError
+from autotune._errors import AutotuneError, printable
 
 DEMO_TARGET = "autotune.demo:train"
 
@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--studies-dir", default="studies")
     dash.add_argument("--port", type=int, default=8080)
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    dash.add_argument("--allow-edits", action="store_true",
+                      help="let the page change studies (rename, delete, tell trials, notes, artifacts); by default "
+                           "it is read-only: a study a tuner is running must not change under it")
     return parser
 
 
@@ -211,7 +214,7 @@ def _make_tuner(Tuner: Any, args: argparse.Namespace, target: str, demo: bool, m
     return Tuner(
         target,
         default_spaces=("demo_cpu", "demo_gpu") if demo else ("cpu_default", "gpu_default"),
-        study_name=args.study or ("demo" if demo else None),
+        study_name=args.study if args.study is not None else ("demo" if demo else None),
         storage=storage or args.storage,
         trial_timeout=args.trial_timeout,
         memory_limit_gib=args.memory_limit,
@@ -619,7 +622,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
     if args.host in ("0.0.0.0", "::"):
-        print(f"autotune: warning: binding to {args.host} exposes the dashboard, which can edit studies, "
+        what = "which can edit studies (--allow-edits)" if args.allow_edits else "read-only"
+        print(f"autotune: warning: binding to {args.host} exposes the dashboard, {what}, "
               "to every network this machine is on", file=sys.stderr)
     import socket
 
@@ -630,27 +634,28 @@ def _dashboard(args: argparse.Namespace) -> int:
         raise AutotuneError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} (Ctrl-C to stop)", flush=True)
+    mode = "edits allowed" if args.allow_edits else "read-only; --allow-edits to edit studies"
+    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} ({mode}; Ctrl-C to stop)",
+          flush=True)
     if url.startswith("journal:"):
         # optuna-dashboard cannot guess a storage from "journal:PATH": give it the storage object, which
         # also refuses a torn journal and never appends after one (the dashboard writes notes).
-        return _serve_dashboard(storage, args.host, args.port, artifacts)
+        return _serve_dashboard(storage, args.host, args.port, artifacts, allow_edits=args.allow_edits)
     # optuna-dashboard's own server, told the study's constraints and autotune's best (study/_dashboard).
     command = [sys.executable, "-c", "from autotune.study._dashboard import main; main()", url,
                "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts),
-               "--studies-dir", str(args.studies_dir)]
+               "--studies-dir", str(args.studies_dir), *(["--allow-edits"] if args.allow_edits else [])]
     sys.stdout.flush()
     os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
     return 0
 
 
-def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path) -> int:
+def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path, *, allow_edits: bool) -> int:
     """Serve optuna-dashboard for a storage object in this process, a thread per request, until Ctrl-C."""
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    from optuna.artifacts import FileSystemArtifactStore
-    from optuna_dashboard import wsgi
+    from autotune.study._dashboard import dashboard_app
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True
@@ -659,7 +664,7 @@ def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path) -> int
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
             pass
 
-    app = wsgi(storage, artifact_store=FileSystemArtifactStore(str(artifacts)))
+    app = dashboard_app(storage, host=host, port=port, artifact_dir=artifacts, allow_edits=allow_edits)
     try:
         httpd = make_server(host, port, app, server_class=Server, handler_class=Quiet)
     except OSError as exc:
@@ -704,11 +709,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "simulate":
             return _simulate(args)
     except AutotuneError as exc:
-        print(f"autotune: error: {exc}", file=sys.stderr)
+        print(f"autotune: error: {printable(str(exc))}", file=sys.stderr)  # it may quote a trial's exception
         return 1
     except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"autotune: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 
@@ -20,3 +21,13 @@ def survivors(pids: list[int], seconds: float = 15.0) -> list[int]:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     return [p for p in pids if alive(p)]
+
+
+def stop(proc: subprocess.Popen, seconds: float = 10.0) -> None:
+    """Terminate ``proc``, and kill it if it has not ended within ``seconds``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

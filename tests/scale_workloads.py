@@ -121,14 +121,16 @@ def train_pauses_once(ctx) -> None:
 
 
 def train_loses_its_folder(ctx) -> None:
-    """The first non-baseline trial deletes the study's log folder under itself (a clean-up gone wrong)."""
+    """The first non-baseline trial (every one, when AUTOTUNE_TEST_RMTREE_ONCE is "always") deletes the
+    study's log folder under itself (a clean-up gone wrong)."""
     import shutil
 
     marker = os.environ.get("AUTOTUNE_TEST_RMTREE_ONCE")
     train(ctx)
     if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
-        open(marker, "w").close()
-        shutil.rmtree(os.environ["AUTOTUNE_TEST_RMTREE"])
+        if marker != "always":
+            open(marker, "w").close()
+        shutil.rmtree(os.environ["AUTOTUNE_TEST_RMTREE"], ignore_errors=True)
 
 
 def kills_its_trial_server(ctx) -> None:
@@ -165,17 +167,34 @@ def train_counts_runs(ctx) -> None:
 
 
 def train_finishes_then_lingers(ctx) -> None:
-    """Once (a marker file remembers), in a non-baseline trial: finish, then keep the process alive, so the
-    trial has written its result when a test interrupts the tuner."""
+    """Once (a marker file remembers), in a non-baseline trial: finish, then keep the process alive in its
+    exit (as a teardown stuck in a driver would), so the trial has written its result when a test interrupts
+    the tuner. The launcher gives such a process RESULT_GRACE_SECONDS before it kills it."""
     train(ctx)
     marker = os.environ.get("AUTOTUNE_TEST_LINGER_ONCE")
     if marker and ctx.config.batch_size != 16 and not os.path.exists(marker):
-        import threading
-
-        def linger() -> None:
-            time.sleep(1.0)  # by now the trial process has written its result
+        def linger(code: int) -> None:  # the trial process's exit, after it wrote its result
             with open(marker, "w") as fh:
                 fh.write(f"{os.getpid()}\n")
             time.sleep(3600)
 
-        threading.Thread(target=linger).start()  # not a daemon: the process waits for it at exit
+        os._exit = linger  # this trial process only: each trial is a fresh fork
+
+
+def train_leaves_a_thread(ctx) -> None:
+    """train, with a non-daemon thread left running (a logger or prefetcher that is never stopped)."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(1000,)).start()
+    train(ctx)
+
+
+def train_leaves_a_process(ctx) -> None:
+    """train, with a non-daemon multiprocessing.Process left running (its pid appended to AUTOTUNE_TEST_LEFT)."""
+    import multiprocessing
+
+    child = multiprocessing.Process(target=time.sleep, args=(1000,))
+    child.start()
+    with open(os.environ["AUTOTUNE_TEST_LEFT"], "a") as fh:
+        fh.write(f"{child.pid}\n")
+    train(ctx)

@@ -308,3 +308,36 @@ def test_tune_with_a_bad_stated_baseline_exits_1_with_one_line(tmp_path: Path, s
                "--studies-dir", tmp_path / "studies", "--no-progress", "--no-plots", cwd=tmp_path)
     assert_one_line_error(proc, "autotune: error: ", *names)
     assert not (tmp_path / "studies" / "train_tiny").exists()
+
+
+def test_a_failed_trials_line_shows_its_error_with_control_characters_escaped(capsys, monkeypatch) -> None:
+    from optuna.trial import create_trial
+
+    from autotune._config import TrialConfig
+    from autotune.study._progress import _Progress
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    error = "ValueError: \x1b[5mblink\x1b[0m \x1b]0;retitled\x07 \x9b2J end"
+    trial = create_trial(params={}, distributions={}, values=[0.0, float("inf")],
+                         user_attrs={"status": "error", "error": error, "config": TrialConfig(batch_size=32).to_dict()})
+    trial.number = 3
+    with _Progress(True, 5) as ui:
+        ui.end_trial(trial)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("  #3")]
+    assert "\x1b" not in out.replace("\x1b[?25l", "").replace("\x1b[?25h", "")  # rich's own cursor hiding aside
+    assert "\x07" not in out and "\x9b" not in out
+    assert r"[ValueError: \x1b[5mblink\x1b[0m \x1b]0;retitled\x07 \x9b2J end]" in line, line
+
+
+def test_an_error_line_escapes_the_control_characters_of_a_trials_exception(tmp_path: Path) -> None:
+    # The fp32 reference run fails with the workload's exception, quoted in the CLI's one error line.
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  batch_size: [32]\nbudget: {samples: 512, warmup_steps: 1, windows: 3}\n")
+    proc = subprocess.run([sys.executable, "-m", "autotune", "tune", f"{WORKLOADS}:raise_control_sequences", "--space",
+                           str(space), "--trials", "2", "--studies-dir", str(tmp_path / "studies"), "--no-progress",
+                           "--no-plots"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr, repr(proc.stderr)
+    assert r"the fp32 reference run failed (error: ValueError: \x1b[5mblink\x1b]0;retitled\x07" in proc.stderr

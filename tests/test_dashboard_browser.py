@@ -26,6 +26,7 @@ from autotune import Tuner
 from autotune.hardware import Capabilities
 from autotune._records import summarize_study
 from autotune.insight._report import study_artifacts
+from processes import stop
 from workloads import WORKLOADS
 
 ARTIFACTS = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).resolve().parent / "artifacts")
@@ -82,12 +83,7 @@ def dashboard(tmp_path_factory, chromium):
         ids = {s["study_name"]: s["study_id"] for s in summaries}
         yield {"base": base, "id": ids[STUDY], "best_id": ids[BEST_STUDY], "url": url, "tmp": tmp}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 

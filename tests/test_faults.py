@@ -263,6 +263,14 @@ def test_an_infra_failure_is_retried_and_never_reused(tmp_path):
     assert "duplicate_of" not in again[0].user_attrs and again[0].params == failed[0].params
 
 
+def test_three_infra_failures_in_a_row_stop_the_run_naming_the_last_failure(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    env = {"AUTOTUNE_TEST_RMTREE": str(tmp_path / "studies" / "s" / "logs"), "AUTOTUNE_TEST_RMTREE_ONCE": "always"}
+    proc = _tune(tmp_path, storage, target=f"{WORKLOADS}:train_loses_its_folder", trials=6, env=env)
+    _one_line_error(proc, "3 trials in a row failed outside the config (the trial process could not write its log")
+    assert "()" not in proc.stderr
+
+
 # -- 11: passwords stay out of everything printed, and out of the workers' argv ----------------------------
 
 
@@ -422,6 +430,17 @@ def test_a_study_name_that_escapes_or_collides_is_refused_or_kept_apart(tmp_path
     (folder / "best_config.json").write_text(json.dumps({"study": "x y", "config": {"batch_size": 16}}))
     with pytest.raises(StudyError, match="belongs to study 'x y', not 'x_y'"):
         load_best("x_y", studies_dir=tmp_path)
+
+
+def test_an_empty_or_reserved_study_name_is_refused(tmp_path):
+    # "" is not the function's name; "artifacts" would share the dashboard's artifact store.
+    for name, says in (("", "must not be empty"), ("artifacts", "autotune's own"), ("autotune.db", "autotune's own")):
+        proc = subprocess.run(_cmd("tune", TARGET, "--study", name, "--storage", f"sqlite:///{tmp_path / 'a.db'}",
+                                   "--studies-dir", str(tmp_path / "studies")),
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        _one_line_error(proc, f"study name {name!r}")
+        assert says in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 # -- 15: small ones ------------------------------------------------------------------------------------------

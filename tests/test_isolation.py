@@ -228,3 +228,24 @@ def test_target_of_refuses_lambdas_closures_and_methods() -> None:
 def test_load_target_errors(target: str, match: str) -> None:
     with pytest.raises(WorkloadError, match=match):
         load_target(target)
+
+
+@pytest.mark.parametrize("func", ["leave_thread", "leave_process"])
+def test_a_trial_that_leaves_a_non_daemon_thread_or_process_is_finished_at_once(tmp_path: Path, func: str) -> None:
+    # Its result holds the whole measurement: the lingering thread or process must not turn it into a timeout.
+    pidfile = tmp_path / "left.pid"
+    outcome = run(tmp_path, spec(func, env={PIDFILE_ENV: str(pidfile)}), timeout=20)
+    assert outcome.status == "ok", (outcome.error, outcome.stderr_tail)
+    assert outcome.measurement is not None and outcome.measurement.throughput > 0
+    assert outcome.wall_seconds < 15
+    left = int(pidfile.read_text())
+    assert _gone(left), f"{left} (left by {func}) survived its trial"
+
+
+def test_a_process_whose_exit_hangs_after_its_result_is_ended_by_the_launcher(tmp_path: Path) -> None:
+    pidfile = tmp_path / "trial.pid"
+    outcome = run(tmp_path, spec("exit_hangs", env={PIDFILE_ENV: str(pidfile)}), timeout=30)
+    assert outcome.status == "ok", (outcome.error, outcome.stderr_tail)
+    assert outcome.wall_seconds < 20
+    trial = int(pidfile.read_text())
+    assert _gone(trial), f"the trial process {trial} survived"

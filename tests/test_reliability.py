@@ -203,3 +203,23 @@ def test_a_trial_sees_the_environment_of_the_coordinator_now(tmp_path, monkeypat
     assert _isolated("train_records_env", tmp_path, batch_size=16).measurement.extras["mark"] == "before"
     monkeypatch.setenv("AUTOTUNE_TEST_MARK", "after")
     assert _isolated("train_records_env", tmp_path, batch_size=16).measurement.extras["mark"] == "after"
+
+
+@pytest.mark.parametrize("target", ["train_leaves_a_thread", "train_leaves_a_process"])
+def test_a_train_fn_that_leaves_a_thread_or_process_running_finishes_its_trials(target, space, tmp_path):
+    # The fp32 reference run and every trial wrote their whole measurement: none may wait out the timeout.
+    left = tmp_path / "left.pids"
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    started = time.monotonic()
+    proc = subprocess.run(_cmd("tune", f"{HERE / 'scale_workloads.py'}:{target}", "--prune-below", "0", "--space",
+                               str(space), "--storage", url, "--study", "s", "--trials", "3", "--trial-timeout", "30",
+                               "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots", "--top-k", "0"),
+                          env={**os.environ, "AUTOTUNE_TEST_LEFT": str(left)}, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 90  # no trial waited out its 30 s
+    study = optuna.load_study(study_name="s", storage=url)
+    statuses = [t.user_attrs.get("status") for t in study.trials]
+    assert len(statuses) >= 3 and set(statuses) == {"ok"}, statuses
+    for pid in (int(p) for p in left.read_text().split()) if left.exists() else ():
+        assert _gone(pid), f"process {pid} left by a trial survived it"

@@ -395,3 +395,13 @@ def test_a_baseline_that_cannot_run_is_one_error(write_space, baseline: str, wha
     assert "\n" not in message and what in message and "reference run could not run" in message
     pair = "attention=flash with precision=fp32" if "flash" in baseline else "attention=cudnn with precision=fp32"
     assert pair in message and (FLASH_FP32 if "flash" in baseline else CUDNN_FP32) in message
+
+
+def test_numbers_yaml_1_1_reads_as_strings_are_numbers(write_space) -> None:
+    # PyYAML's resolver wants a dot in a float ("1.0e-7"): 5e-2 and 1e2 arrive as strings.
+    space = load_space(write_space("knobs:\n  memory_fraction: {low: 0.5, high: 1.0, step: 5e-2}\n"
+                                   "  num_workers: {low: 0, high: 1e0}\n"))
+    assert space.knobs["memory_fraction"].step == 0.05 and len(space.knobs["memory_fraction"].values) == 11
+    assert space.knobs["num_workers"].high == 1 and isinstance(space.knobs["num_workers"].high, int)
+    with pytest.raises(SpaceError, match="'fast' is not a positive number"):
+        load_space(write_space("knobs:\n  memory_fraction: {low: 0.5, high: 1.0, step: fast}\n", "bad.yaml"))

@@ -237,3 +237,40 @@ def train_slow_first_window(ctx) -> None:
             time.sleep(0.5)
         step(inputs, targets)
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+def leave_thread(ctx) -> None:
+    """train_tiny with a non-daemon thread left running (a logger, a prefetcher): the process would wait
+    for it at exit. The trial process's pid goes to the pidfile."""
+    import threading
+
+    Path(os.environ[PIDFILE_ENV]).write_text(str(os.getpid()))
+    threading.Thread(target=time.sleep, args=(1000,)).start()
+    train_tiny(ctx)
+
+
+def leave_process(ctx) -> None:
+    """train_tiny with a non-daemon multiprocessing.Process left running (its pid goes to the pidfile):
+    multiprocessing joins it when the trial process exits."""
+    import multiprocessing
+
+    child = multiprocessing.Process(target=time.sleep, args=(1000,))
+    child.start()
+    Path(os.environ[PIDFILE_ENV]).write_text(str(child.pid))
+    train_tiny(ctx)
+
+
+def exit_hangs(ctx) -> None:
+    """train_tiny, then a process that does not end after it wrote its result (as a teardown stuck in a
+    driver would): ``os._exit`` is made to write the pidfile and sleep."""
+    def stuck(code: int) -> None:
+        Path(os.environ[PIDFILE_ENV]).write_text(str(os.getpid()))
+        time.sleep(1000)
+
+    os._exit = stuck  # this trial process only: each trial is a fresh fork
+    train_tiny(ctx)
+
+
+def raise_control_sequences(ctx) -> None:
+    """An exception whose text holds terminal control sequences (blink, a window title), as a library's may."""
+    raise ValueError("\x1b[5mblink\x1b]0;retitled\x07 and the rest")

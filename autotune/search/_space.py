@@ -10,6 +10,7 @@ import hashlib
 import importlib.resources
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -380,10 +381,26 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+_RANGE_KNOBS = ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction", "bucket_cap_mb",
+                *DALI_LOADER_KNOBS)
+# A number YAML 1.2 reads that PyYAML's 1.1 resolver leaves a string: 1e-7, 1E5, 5e2 (1.1 wants "1.0e-7").
+_YAML12_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+
+
+def _number(text: str) -> Any:
+    """A numeric string as the number YAML 1.2 reads (an integer when it is written as one), else the string."""
+    if not _YAML12_NUMBER.fullmatch(text.strip()):
+        return text
+    value = float(text)
+    return int(value) if value.is_integer() and "." not in text else value
+
+
 def _normalise(knob: str, value: Any) -> Any:
     # YAML 1.1 reads a bare `off` as false; for compile it means "off".
     if knob == "compile" and value is False:
         return "off"
+    if knob in _RANGE_KNOBS and isinstance(value, str):
+        value = _number(value)
     if knob == "memory_fraction" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -463,9 +480,7 @@ MAX_RANGE_VALUES = 10_000  # values one range knob may expand to
 
 
 def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
-    numeric = ("batch_size", "num_workers", "prefetch_factor", "cpu_threads", "memory_fraction", "bucket_cap_mb",
-               *DALI_LOADER_KNOBS)
-    if name not in numeric:
+    if name not in _RANGE_KNOBS:
         raise SpaceError(f"{where}: knobs.{name}: a range needs a numeric knob; give choices instead")
     if "low" not in raw or "high" not in raw:
         raise SpaceError(f"{where}: knobs.{name}: a range needs both low and high")

@@ -38,6 +38,10 @@ from autotune.trial._phase import read_compile_seconds
 
 STDERR_TAIL_CHARS = 2000
 COMPILE_POLL_SECONDS = 0.25  # how often a compiling trial's clock is read: the deadline's resolution
+RESULT_POLL_SECONDS = 0.5  # how often the launcher looks for results written by processes still running
+# A trial process exits as soon as it has written its result (``_child``); one still there this long after
+# is stuck in its exit, and its group is killed: the result stands.
+RESULT_GRACE_SECONDS = 5.0
 
 
 _CONTEXT: Optional[Any] = None
@@ -272,7 +276,9 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
 
     The wait ends when every process has ended, when ``timeout`` seconds have passed, when a process's
     compile clock passes ``compile_timeout``, or (``stop_on_failure``) when one process ends without an ok
-    result. Then every process group still alive is killed, and so is anything a finished process left
+    result. A process has ended when it exited, or when it wrote its result: one still running
+    ``RESULT_GRACE_SECONDS`` after that has its group killed, and one still exiting at the deadline is
+    finished, not timed out. Then every process group still alive is killed, and so is anything a finished process left
     behind, so no process of the launch outlives it. Ctrl-C or SIGTERM kills them all at once and is
     raised again, with ``finished_outcome`` set when a single process had already written its result.
 
@@ -299,22 +305,36 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
         track_group(proc.pid)  # a second Ctrl-C kills it at once
         procs.append(proc)
     watch_compile = compile_timeout is not None and any(s.config.compile != "off" for s in specs)
-    exited: dict[int, float] = {}  # process -> when the launcher saw it exit
+    exited: dict[int, float] = {}  # process -> when the launcher saw it exit (or its result, see below)
+    written: dict[int, float] = {}  # process still running -> when the launcher first saw its result
     compile_over: Optional[tuple[int, str, float]] = None
     failed = False
+
+    def end(i: int) -> None:
+        nonlocal failed
+        exited[i] = time.time()
+        outcome = _result(files[i].result, "", 0.0)
+        failed = failed or outcome is None or outcome.status not in ("ok", "pruned")
+
     try:
         while len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure):
             left = timeout - (time.perf_counter() - start)
             if left <= 0:
                 break
             alive = [p.sentinel for i, p in enumerate(procs) if i not in exited]
-            multiprocessing.connection.wait(alive, min(COMPILE_POLL_SECONDS, left) if watch_compile else left)
+            multiprocessing.connection.wait(alive, min(COMPILE_POLL_SECONDS if watch_compile else RESULT_POLL_SECONDS,
+                                                       left))
             for i, proc in enumerate(procs):
-                if i in exited or proc.is_alive():
+                if i in exited:
                     continue
-                exited[i] = time.time()
-                outcome = _result(files[i].result, "", 0.0)
-                failed = failed or outcome is None or outcome.status not in ("ok", "pruned")
+                if proc.is_alive():
+                    # A complete result is the end of the trial process, whatever still keeps it alive.
+                    if i not in written and _result(files[i].result, "", 0.0) is not None:
+                        written[i] = time.monotonic()
+                    if i not in written or time.monotonic() - written[i] < RESULT_GRACE_SECONDS:
+                        continue
+                    _kill_group(proc.pid)
+                end(i)
             if watch_compile:
                 assert compile_timeout is not None
                 for i, (spec, where) in enumerate(zip(specs, files)):
@@ -338,6 +358,9 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
         except AttributeError:  # an exception type that takes no attributes: the result is lost with it
             pass
         raise
+    for i in range(len(procs)):
+        if i not in exited and (i in written or _result(files[i].result, "", 0.0) is not None):
+            end(i)  # it wrote its result before the deadline and was still exiting: finished, not timed out
     timed_out = len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure)
     killed = {i for i in range(len(procs)) if i not in exited}
     for proc in procs:

@@ -81,6 +81,7 @@ class TrialLoop:
         self._leases = LeaseWatch(storage) if hasattr(storage, "lease_grace_period") else None
         self._config: Optional[TrialConfig] = None  # the running trial's, for its record if it is interrupted
         self._outcome: Optional[TrialOutcome] = None
+        self._infra_error = ""  # the last infrastructure failure's, for the line that stops the run
 
     def run(self, ui: _Progress) -> None:
         """Run trials until the budget, the timeout or the space is exhausted."""
@@ -103,9 +104,9 @@ class TrialLoop:
             ended = self._run_one(ui)
             infra = infra + 1 if ended == "infra" else 0
             if infra >= INFRA_LIMIT:
-                last = study.trials[-1].user_attrs.get("error", "")
-                raise StudyError(f"{infra} trials in a row failed outside the config ({last}); fix that, then "
-                                 "rerun the same command to resume")
+                # Not the last trial's: that is the failed one's retry, still waiting.
+                raise StudyError(f"{infra} trials in a row failed outside the config ({self._infra_error}); fix "
+                                 "that, then rerun the same command to resume")
             if ended == "infeasible":
                 ruled_out += 1
                 if ruled_out >= 200:  # the sampler keeps proposing what cannot fit: nothing left
@@ -391,6 +392,7 @@ class TrialLoop:
         """A trial whose surroundings failed: FAIL (no budget spent, nothing for the sampler or a duplicate to
         reuse), and its config once more, as for a dead worker."""
         trial.set_user_attr("failure", f"infra: {outcome.error}")
+        self._infra_error = outcome.error
         trial.set_user_attr("error", outcome.error)
         trial.set_user_attr("stderr_tail", outcome.stderr_tail[-1500:])
         self.study.tell(trial, state=TrialState.FAIL)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from optuna.trial import FrozenTrial
 
 from autotune._config import TrialConfig, TrialRecord
+from autotune._errors import printable
 from autotune._records import NOT_RUN
 from autotune.search._cost import CostModel, samples_from_trials, seconds_spent
 
@@ -82,7 +83,7 @@ class _Progress:
             minutes = f" | {self._minutes}" if self._minutes else ""
             if self.clock is not None and self.clock.budgeted:
                 minutes += f" | budget: {max(0.0, self.clock.left()) / 60:.1f} of {self.clock.budget_seconds / 60:g} min left"
-            self._progress.update(self._task, description=f"{text} | {self._best}{minutes}")
+            self._progress.update(self._task, description=f"{printable(text)} | {self._best}{minutes}")
 
     def set_best(self, record: Optional[TrialRecord]) -> None:
         if record is not None:
@@ -97,9 +98,10 @@ class _Progress:
         self.status(f"#{number} {config.describe()}")
 
     def say(self, text: str) -> None:
-        """One line above the bar, printed as it is (no markup, no wrapping)."""
+        """One line above the bar, printed as it is (no markup, no wrapping; control characters escaped: a
+        trial's error text is the workload's)."""
         if self._progress is not None:
-            self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            self._progress.console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
     def ruled_out(self, number: int, config: TrialConfig, reason: str) -> None:
         """The memory rule, or a combination that cannot run here, answered a proposed config without a run."""
@@ -117,6 +119,8 @@ class _Progress:
             note = f"  [accuracy loss {trial.user_attrs.get('accuracy_loss', float('nan')):+.3f} over bound]"
         if status == "ok" and trial.user_attrs.get("colocation_summary"):
             note += f"  [{trial.user_attrs['colocation_summary']}]"
+        if status not in ("ok", "pruned") and trial.user_attrs.get("error"):
+            note += f"  [{trial.user_attrs['error'][:160]}]"  # what failed, in one line (the log has the rest)
         if trial.user_attrs.get("role") == "reference":
             status, note = "ref", "  [the fp32 reference run: the baseline]"
         self.say(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}{note}")

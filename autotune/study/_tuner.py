@@ -73,7 +73,8 @@ class Tuner:
                  **keywords: Any) -> None:
         self.target = train_fn if isinstance(train_fn, str) else target_of(train_fn)
         self.options = (options or TunerOptions()).with_keywords(**keywords)
-        self.study_name = self.options.study.study_name or self.target.rpartition(":")[2]
+        name = self.options.study.study_name
+        self.study_name = self.target.rpartition(":")[2] if name is None else name  # "" is refused, not defaulted
         study_dir(self.study_name, self.options.study.studies_dir)  # refuses a name that is no folder name
         self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
         self._compile_plan: Optional[_compile.CompilePlan] = None

@@ -235,6 +235,9 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     except (TypeError, ValueError) as exc:  # something the workload handed over is not JSON
         text = json.dumps(TrialOutcome("error", error=f"the trial's result is not JSON-serialisable: {exc}",
                                        run_seconds=outcome.run_seconds).to_dict())
+    # The log is complete before the result exists: the launcher may end the process once it sees the result.
+    sys.stdout.flush()
+    sys.stderr.flush()
     tmp = result_path + ".tmp"
     try:
         with open(tmp, "w") as fh:
@@ -242,8 +245,7 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         os.replace(tmp, result_path)
     except OSError as exc:
         print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(INFRA_EXIT_CODE)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # Written: the trial is over. A normal exit would wait for every non-daemon thread and join every
+    # non-daemon multiprocessing child that train_fn left running (the launcher kills its group).
+    os._exit(0)
