@@ -237,3 +237,29 @@ def train_slow_first_window(ctx) -> None:
             time.sleep(0.5)
         step(inputs, targets)
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+class PerSampleDataset(torch.utils.data.Dataset):
+    """A map-style dataset that builds each sample in Python, one ``__getitem__`` at a time, as many
+    hand-written datasets do: the DataLoader pays that per sample, ``loader=device`` once."""
+
+    def __init__(self, n: int = 4096) -> None:
+        data = dataset(n)
+        self.x, self.y = data.tensors[0].tolist(), data.tensors[1].tolist()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"inputs": torch.tensor(self.x[index]), "targets": torch.tensor(self.y[index])}
+
+
+def train_per_sample(ctx) -> None:
+    """A trivial model fed by a per-sample Python dataset: the step waits on the loader."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(FEATURES, CLASSES))
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for batch in ctx.batches(ctx.loader(PerSampleDataset())):
+        step(batch["inputs"], batch["targets"])
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))

@@ -49,7 +49,7 @@ UNSUPPORTED = (
     Unsupported("optimizer_impl", ("foreach", "fused"), "the optimizer is built by the LightningModule's "
                                                         "configure_optimizers"),
     Unsupported("activation_checkpointing", (True,), "checkpointing is the LightningModule's own code"),
-    Unsupported("loader", ("dali",), "the DataModule builds a torch DataLoader"),
+    Unsupported("loader", ("dali", "device"), "the DataModule builds a torch DataLoader"),
 )
 # What every trial sets besides the config: the budget's length on one device, and nothing the trials
 # would all repeat without measuring it (validation, checkpoints, loggers, progress bars).

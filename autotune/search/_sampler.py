@@ -55,7 +55,9 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     "cudnn_benchmark": (True, False),
     "pin_memory": (True, False),
     "persistent_workers": (True, False),
-    "loader": ("torch", "dali"),
+    # The DataLoader first: it runs anything. Where the step waits on it, the walk tries the loader first
+    # (BOTTLENECK_KNOBS), and serving the data from the device removes the wait altogether.
+    "loader": ("torch", "device", "dali"),
     # torch's own pick first; then the fused kernels, fastest where they run; explicit attention last.
     "attention": ("auto", "flash", "cudnn", "efficient", "math", "explicit"),
     "optimizer_impl": ("fused", "foreach", "default"),
@@ -103,11 +105,12 @@ COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs
 # The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).
 INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND, COMMUNICATION_BOUND = (
     "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound", "communication-bound")
-# What can help each bottleneck, most likely first. Input: the loader (the space bounds the workers to
-# what the host has). Launches: fewer, larger launches. Compute: less work per sample, then a batch that
+# What can help each bottleneck, most likely first. Input: the loader backend, the biggest lever (data
+# already on the device waits for nothing; DALI decodes on the GPU), then the DataLoader's own knobs (the
+# space bounds the workers to what the host has). Launches: fewer, larger launches. Compute: less work per sample, then a batch that
 # uses the units better. Memory capacity: the batch (the one that fits), then a narrower precision.
 BOTTLENECK_KNOBS: dict[str, tuple[str, ...]] = {
-    INPUT_BOUND: ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "loader",
+    INPUT_BOUND: ("loader", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
                   "dali_threads", "dali_prefetch"),
     LAUNCH_BOUND: ("cuda_graphs", "compile", "optimizer_impl", "batch_size"),
     COMPUTE_BOUND: ("precision", "compile", "attention", "channels_last", "batch_size"),
