@@ -97,6 +97,44 @@ def test_channels_last_waits_where_the_model_has_no_4d_activations():
     assert "channels_last" in _walk("compute-bound", moves=3)  # unknown: it keeps its place
 
 
+LOADER_SPACE = {**SPACE, "loader": CategoricalDistribution(["torch", "device"])}
+
+
+def _loader_walk(label, moves, **attrs):
+    """The knobs changed by the first ``moves`` moves in a space with ``loader: [torch, device]``, from a
+    prior point diagnosed ``label`` (``_walk`` with the loader knob)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(search_space=LOADER_SPACE, seed=0))
+
+    def ask():
+        trial = study.ask()
+        return trial, {name: trial.suggest_categorical(name, d.choices) for name, d in LOADER_SPACE.items()}
+
+    trial, prior = ask()
+    assert prior["loader"] == "torch"  # the DataLoader runs anything: it is the prior
+    _tell(study, trial, 100.0, diagnosis=label, **attrs)
+    changed = []
+    for _ in range(moves):
+        trial, params = ask()
+        changed.append(next((k, params[k]) for k in params if params[k] != prior[k]))
+        _tell(study, trial, 50.0, diagnosis=label, **attrs)
+    return changed
+
+
+def test_an_input_bound_step_tries_the_data_on_the_device_first():
+    assert _loader_walk("input-bound", moves=1, data_wait_fraction=0.6) == [("loader", "device")]
+    assert ("loader", "device") in _loader_walk("input-bound", moves=3)[:1]
+
+
+def test_a_launch_bound_step_moves_the_batch_before_any_loader_knob():
+    # Under batch_policy scale the batch knob is the global batch: a larger one launches fewer kernels per
+    # sample. The loader knobs, even where the step also waited on input, wait for every batch move.
+    changed = [knob for knob, _ in _loader_walk("launch-bound", moves=12, data_wait_fraction=0.3)]
+    batch_moves = [i for i, knob in enumerate(changed) if knob == "batch_size"]
+    loader_moves = [i for i, knob in enumerate(changed) if knob in {"loader", *INPUT}]
+    assert len(batch_moves) == 3 and (not loader_moves or max(batch_moves) < min(loader_moves)), changed
+
+
 def test_a_move_that_needs_a_fresh_compile_waits_for_cheaper_ones_of_like_gain():
     # Compute-bound at bf16 bs256 compiled: a new batch recompiles (40 s seen), precision reuses the shapes.
     study = _study()

@@ -5,6 +5,9 @@ where to start (bf16 or fp16, channels_last, a large batch, compiled, graphs). S
 random until a model forms, the sampler:
 
 1. proposes a *prior point* first: every knob at its most promising value, the batch at the upper median;
+   under ``batch_policy: fixed`` its first move is then the micro-batch equal to the global batch (no
+   accumulation), unless an out-of-memory at that micro-batch or a smaller one was recorded: accumulation
+   is the fallback for memory, and otherwise only adds steps;
 2. then walks coordinate neighbours of the incumbent (the fastest feasible config so far), one knob at a
    time in order of expected impact (precision, batch, compile, ...), moving whenever a neighbour wins;
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
@@ -171,6 +174,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             other single-knob moves (False: nearest first, whatever was seen; an ablation).
         cannot_run: Why a config cannot run here, else None (``SearchSpace.cannot_run``); it is given the
             asked params (the searched knobs), so it must fill in the knobs a space does not search.
+        whole_batch: Under ``batch_policy: fixed``, the batch knob's value that takes no accumulation (the
+            global batch; over the ranks of a DDP trial, its share of each rank): the walk's first move
+            (None: no such rule).
     """
 
     def __init__(
@@ -186,6 +192,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         input_idle: float = 0.02,
         defer_past_slower: bool = True,
         cannot_run: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,
+        whole_batch: Optional[int] = None,
     ) -> None:
         if not 0 <= skip_margin < 1:
             raise ValueError("skip_margin must be in [0, 1)")
@@ -200,6 +207,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._input_idle = input_idle
         self._defer_past_slower = defer_past_slower
         self._cannot_run = cannot_run or (lambda params: None)
+        self._whole_batch_value = whole_batch
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     # -- Optuna's sampler interface -------------------------------------------------------------
@@ -258,6 +266,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate):
                 return candidate
         anchor, failed_anchor, best = self._anchor(seen, prior, dropped)
+        whole = self._whole_batch(seen, anchor)
+        if whole is not None and fresh(whole):
+            return whole
         worse = self._clearly_worse(seen)
         first, later = self._tiers(seen, best)
         deferred = self._past_slower(seen, anchor, best)
@@ -284,6 +295,22 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate, allow_dropped=attempt >= 1000):  # dropped values only once little else is left
                 return candidate
         return None
+
+    def _whole_batch(self, seen: list[_Seen], anchor: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """Under ``fixed``, the incumbent at the micro-batch equal to the global batch, while no trial but the
+        reference has run there and no out-of-memory at that micro-batch or a smaller one was recorded."""
+        whole = self._whole_batch_value
+        if whole is None or whole not in self._values.get("batch_size", ()) or anchor.get("batch_size") == whole:
+            return None
+        for s in seen:
+            batch = s.params.get("batch_size")
+            if batch is None:
+                continue
+            if s.oom and batch <= whole:
+                return None  # memory binds: accumulation is what lets the global batch fit
+            if batch == whole and not s.reference and (s.value is not None or s.failed):
+                return None  # tried: the walk goes on as for any knob
+        return {**anchor, "batch_size": whole}
 
     def _tiers(self, seen: list[_Seen], best: Optional[_Seen]) -> tuple[list[str], list[str]]:
         """(knobs tried first, knobs that wait), from the incumbent's bottleneck."""

@@ -382,6 +382,7 @@ class Tuner:
             canonical=space.asked_params,
             cannot_run=space.cannot_run if space.combinations else None,
             seed=None if self.options.study.mode == "join" else seed + self._resumed_trials,
+            whole_batch=space.global_batch // space.processes_per_trial if space.batch_policy == "fixed" else None,
         )
 
     # -- the run ---------------------------------------------------------------------------------
