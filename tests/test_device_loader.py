@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import optuna
 import pytest
 import torch
@@ -169,3 +172,7 @@ def test_a_per_sample_dataset_study_picks_loader_device_at_twice_the_dataloaders
     print(f"loader=device {result.best.throughput:,.0f}/s, best DataLoader config {best_torch:,.0f}/s: "
           f"{result.best.throughput / best_torch:.1f}x")
     assert result.best.throughput >= 2 * best_torch
+    # best_config.json says what the pick asks of the user's own code.
+    doc = json.loads(Path(result.best_config_path).read_text())
+    assert doc["input_pipeline"].startswith("loader=device: copy the whole dataset to the device once")
+    assert "25% of the device's memory" in doc["input_pipeline"]
