@@ -347,8 +347,10 @@ def test_hints_never_suggest_channels_last_without_4d_activations():
 def test_hints_for_input_and_memory_bounds_name_the_knobs_the_walk_tries():
     wait = Diagnosis("input-bound", "waited", {"data_wait_fraction": 0.9}, True)
     hint = next_step(wait, {"num_workers": 4, "pin_memory": True, "persistent_workers": False})
-    for text in ("more DataLoader workers", "prefetch_factor", "persistent_workers", "DALI",
-                 "small dataset on the device"):
+    for text in ("loader: device to keep a small dataset", "more DataLoader workers", "prefetch_factor",
+                 "persistent_workers", "DALI"):
         assert text in hint
+    assert hint.index("loader: device") < hint.index("more DataLoader workers")  # the biggest lever first
+    assert "loader: device" not in next_step(wait, {"loader": "device"})
     memory = Diagnosis("memory-capacity-bound", "oom", {}, True)
     assert "micro-batch with gradient accumulation" in next_step(memory, {"precision": "bf16"})
