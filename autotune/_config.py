@@ -27,6 +27,8 @@ LOADERS: tuple[str, ...] = ("torch", "dali", "device")
 TORCH_LOADER_KNOBS: tuple[str, ...] = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
 LOADER_KNOBS: dict[str, tuple[str, ...]] = {"torch": TORCH_LOADER_KNOBS, "dali": DALI_LOADER_KNOBS, "device": ()}
+# How a trial's error starts when loader=device refused its dataset (a KnobError); the walk drops the value.
+DEVICE_LOADER_REFUSAL = "KnobError: loader=device: "
 # The share of device memory (host memory on the CPU) that loader=device may fill with the dataset: the
 # model, its activations and the optimizer state need the rest.
 DEVICE_DATA_SHARE = 0.25

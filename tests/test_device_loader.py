@@ -176,3 +176,32 @@ def test_a_per_sample_dataset_study_picks_loader_device_at_twice_the_dataloaders
     doc = json.loads(Path(result.best_config_path).read_text())
     assert doc["input_pipeline"].startswith("loader=device: copy the whole dataset to the device once")
     assert "25% of the device's memory" in doc["input_pipeline"]
+
+
+def test_a_study_whose_reference_augments_at_random_drops_loader_device(tmp_path, write_space, cpu_caps) -> None:
+    space = write_space(SPACE.replace("samples: 32000, warmup_steps: 10", "samples: 2048, warmup_steps: 2"))
+    result = Tuner(f"{workloads.WORKLOADS}:train_augmented", space=space, n_trials=1, studies_dir=tmp_path / "studies",
+                   storage=f"sqlite:///{tmp_path}/s.db", progress=False, plots=False, capabilities=cpu_caps,
+                   reference_repeats=1, top_k=0, study_name="augmented", trial_timeout=120).run()
+    reason = result.removed_knobs["loader=device"]
+    assert reason.startswith(f"{DEVICE_LOADER_REFUSED}: random augmentation: item 0 differs between two fetches")
+    assert result.best is not None and result.best.config.loader == "torch"
+
+
+def test_a_trial_that_meets_a_refusal_ends_in_one_line_and_the_walk_drops_the_value(
+        tmp_path, write_space, cpu_caps) -> None:
+    # With workers the reference run does not fetch items itself, so it leaves the question open.
+    space = write_space(SPACE.replace("samples: 32000, warmup_steps: 10", "samples: 2048, warmup_steps: 2")
+                        .replace("num_workers: 0}", "num_workers: 1}"))
+    storage = f"sqlite:///{tmp_path}/s.db"
+    result = Tuner(f"{workloads.WORKLOADS}:train_augmented", space=space, n_trials=3, studies_dir=tmp_path / "studies",
+                   storage=storage, progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1, top_k=0,
+                   study_name="late", trial_timeout=120).run()
+    assert "loader=device" not in result.removed_knobs
+    trials = optuna.load_study(study_name="late", storage=storage).trials
+    refused = [t for t in trials if t.params.get("loader") == "device"]
+    assert len(refused) == 1, [t.params for t in trials]  # tried once, then dropped
+    attrs = refused[0].user_attrs
+    assert attrs["status"] == "error" and attrs["refused_value"] == {"knob": "loader", "value": "device"}
+    assert attrs["error"].startswith("KnobError: loader=device: random augmentation: item 0 differs")
+    assert result.best is not None and result.best.config.loader == "torch"

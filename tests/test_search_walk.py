@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from autotune import Tuner
 from autotune.insight._diagnose import Diagnosis, diagnose, next_step
 from autotune.search._cost import CostModel, compile_group, samples_from_trials
-from autotune.search._sampler import GuidedSampler
+from autotune.search._sampler import GuidedSampler, seen_trial
 from autotune.search._simulate import ReplayTable, TableRow, TrialClock, replay, replay_env
 from autotune.study._progress import minutes_text
 
@@ -124,6 +124,28 @@ def _loader_walk(label, moves, **attrs):
 def test_an_input_bound_step_tries_the_data_on_the_device_first():
     assert _loader_walk("input-bound", moves=1, data_wait_fraction=0.6) == [("loader", "device")]
     assert ("loader", "device") in _loader_walk("input-bound", moves=3)[:1]
+
+
+def test_a_value_that_refused_the_workload_is_dropped_after_one_trial():
+    # loader=device refused the dataset (random augmentation): one trial says so, and the walk goes on
+    # without it, though the step still waits on the loader.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(search_space=LOADER_SPACE, seed=0))
+    proposals = []
+    for i in range(8):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, d.choices) for name, d in LOADER_SPACE.items()}
+        proposals.append(params)
+        if params["loader"] == "device":
+            trial.set_user_attr("refused_value", {"knob": "loader", "value": "device"})
+            _tell(study, trial, 0.0, status="error")
+        else:
+            _tell(study, trial, 100.0 - i, diagnosis="input-bound")
+    assert [p["loader"] for p in proposals[:2]] == ["torch", "device"]
+    assert all(p["loader"] == "torch" for p in proposals[2:]), proposals
+    # Dropped as a value (not only as a move from that incumbent): pair moves and the random fallback skip it too.
+    seen = [seen_trial(t, LOADER_SPACE) for t in study.trials]
+    assert ("loader", "device") in study.sampler._dropped(seen)
 
 
 def test_a_launch_bound_step_moves_the_batch_before_any_loader_knob():

@@ -256,10 +256,27 @@ class PerSampleDataset(torch.utils.data.Dataset):
 
 def train_per_sample(ctx) -> None:
     """A trivial model fed by a per-sample Python dataset: the step waits on the loader."""
+    _train_linear(ctx, PerSampleDataset())
+
+
+def _train_linear(ctx, data: torch.utils.data.Dataset) -> None:
     torch.manual_seed(ctx.seed)
     model = ctx.model(nn.Linear(FEATURES, CLASSES))
     optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
     step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
-    for batch in ctx.batches(ctx.loader(PerSampleDataset())):
+    for batch in ctx.batches(ctx.loader(data)):
         step(batch["inputs"], batch["targets"])
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+class AugmentedDataset(PerSampleDataset):
+    """``PerSampleDataset`` with random noise added at every fetch, as a random augmentation does."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = super().__getitem__(index)
+        return {**item, "inputs": item["inputs"] + 0.01 * torch.randn(FEATURES)}
+
+
+def train_augmented(ctx) -> None:
+    """``train_per_sample`` on ``AugmentedDataset``: loader=device must refuse it."""
+    _train_linear(ctx, AugmentedDataset(1024))

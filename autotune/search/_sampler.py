@@ -27,7 +27,8 @@ random until a model forms, the sampler:
    random;
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
-   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk.
+   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk,
+   nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data).
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -152,6 +153,7 @@ class _Seen:
     failed: bool = False  # it ran and failed for a reason other than memory (a crash, an error, a timeout)
     cost: Optional[CostSample] = None  # its seconds, when recorded
     slow_compile: Optional[str] = None  # the compile mode that ran past the compile deadline
+    refused: Optional[tuple[str, Any]] = None  # (knob, value) that refused the workload (loader=device's data)
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -403,6 +405,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         for s in seen:
             if s.slow_compile is not None:
                 out.add(("compile", s.slow_compile))  # slow for this model: one deadline is enough to say so
+            if s.refused is not None:
+                out.add(s.refused)  # the value said why it cannot run this workload: no second try
             for k, v in s.params.items():
                 item = (k, self._key([v]))
                 if fails.get(item, 0) >= FAILS_TO_DROP and item not in ran:
@@ -566,7 +570,15 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         cost=sample_from_attrs(trial.number, cost_params, {**attrs, "config": cost_params})
         if finished and "wall_seconds" in attrs else None,
         slow_compile=next(iter(slow_compile_modes([attrs])), None),
+        refused=_refused(attrs.get("refused_value")),
     )
+
+
+def _refused(value: Any) -> Optional[tuple[str, Any]]:
+    """The (knob, value) of a trial's ``refused_value`` attribute, when it holds one."""
+    if isinstance(value, dict) and isinstance(value.get("knob"), str) and "value" in value:
+        return value["knob"], value["value"]
+    return None
 
 
 def _bottleneck(label: Optional[str]) -> Optional[str]:

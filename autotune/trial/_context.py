@@ -217,7 +217,7 @@ class TrialContext:
         share = self.config.device_data_share
         refused = _resident.refusal(dataset, share=share, device=self.device)
         if refused:
-            raise KnobError(f"loader=device: {refused}")
+            raise KnobError(f"loader=device: {refused}")  # the study reads it as DEVICE_LOADER_REFUSAL
         batches = options.get("batch_sampler") or torch.utils.data.BatchSampler(
             options["sampler"], options["batch_size"], options["drop_last"])
         collate = options.get("collate_fn") or torch.utils.data.default_collate
