@@ -149,7 +149,7 @@ knobs:
   loader: [torch, device]
   num_workers: [0, 1]
 batch_policy: fixed
-baseline: {batch_size: 64, loader: torch, num_workers: 0}
+baseline: {batch_size: 64, loader: torch, num_workers: 0, cpu_threads: 1}  # one thread: the step is not slowed by idle threads spinning
 budget: {samples: 32000, warmup_steps: 10, windows: 3}
 """
 
