@@ -20,10 +20,18 @@ COMPILE_MODES: tuple[str, ...] = (
 # torch.compile modes that capture CUDA Graphs themselves, which a whole-step capture cannot wrap.
 COMPILE_MODES_WITH_GRAPHS: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
 # "dali": NVIDIA DALI decodes and augments (on the GPU when there is one); see autotune/_dali.py.
-LOADERS: tuple[str, ...] = ("torch", "dali")
-# Knobs that only matter for one loader: the space does not ask them for the other.
+# "device": a small map-style dataset with deterministic items is copied to the device once and its batches
+# are indexed there, in the DataLoader's order (see autotune/trial/_resident.py).
+LOADERS: tuple[str, ...] = ("torch", "dali", "device")
+# Knobs that only matter for one loader: the space does not ask them for the others.
 TORCH_LOADER_KNOBS: tuple[str, ...] = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
+LOADER_KNOBS: dict[str, tuple[str, ...]] = {"torch": TORCH_LOADER_KNOBS, "dali": DALI_LOADER_KNOBS, "device": ()}
+# How a trial's error starts when loader=device refused its dataset (a KnobError); the walk drops the value.
+DEVICE_LOADER_REFUSAL = "KnobError: loader=device: "
+# The share of device memory (host memory on the CPU) that loader=device may fill with the dataset: the
+# model, its activations and the optimizer state need the rest.
+DEVICE_DATA_SHARE = 0.25
 # The attention kernel: "auto" leaves the choice to torch; flash, efficient (memory-efficient), cudnn and math
 # pin one backend of torch.nn.functional.scaled_dot_product_attention (torch.nn.attention.sdpa_kernel);
 # "explicit" is attention written out (matmul, mask, softmax, matmul) by ctx.attention, the untuned form.
@@ -46,7 +54,7 @@ Status = Literal["ok", "pruned", "oom", "timeout", "compile_timeout", "crash", "
 # learning-rate rule follows it (ctx.lr_scale), and each trial is judged against fp32 at its own global batch.
 BATCH_POLICIES: tuple[str, ...] = ("fixed", "scale")
 # TrialConfig fields a study sets for every trial rather than searching.
-STUDY_FIELDS: tuple[str, ...] = ("batch_policy", "global_batch", "processes_per_trial")
+STUDY_FIELDS: tuple[str, ...] = ("batch_policy", "global_batch", "processes_per_trial", "device_data_share")
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class TrialConfig:
     processes_per_trial: int = 1  # ranks of one trial (a DDP job); batch_size is each rank's micro-batch
     processes_per_gpu: int = 1  # independent copies of the training trained at once on one device (co-location)
     mps: bool = False  # the copies run as clients of the CUDA MPS daemon (else time-sliced)
+    device_data_share: float = DEVICE_DATA_SHARE  # loader=device: the memory share the dataset may fill
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -105,6 +114,9 @@ class TrialConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        if not isinstance(self.device_data_share, (int, float)) or isinstance(self.device_data_share, bool) \
+                or not 0 < self.device_data_share <= 1:
+            raise ValueError(f"device_data_share must be a fraction in (0, 1], not {self.device_data_share!r}")
         if self.processes_per_gpu > 1 and self.processes_per_trial > 1:
             raise ValueError(f"processes_per_gpu {self.processes_per_gpu} with processes_per_trial "
                              f"{self.processes_per_trial}: a DDP trial already puts one rank on each GPU, and "
@@ -180,6 +192,8 @@ class TrialConfig:
             parts.append("mps")
         if self.loader == "dali":
             parts.append(f"dali threads={self.dali_threads} prefetch={self.dali_prefetch}")
+        elif self.loader == "device":
+            parts.append("data on device")
         else:
             parts.append(f"workers={self.num_workers}")
             if self.pin_memory:
@@ -193,6 +207,23 @@ class TrialConfig:
         if self.cpu_threads is not None:
             parts.append(f"threads={self.cpu_threads}")
         return " ".join(parts)
+
+    @property
+    def input_pipeline(self) -> str:
+        """What the loader knobs mean for the user's own training code, in words (best_config.json)."""
+        if self.loader == "device":
+            return ("loader=device: copy the whole dataset to the device once (collate every item, move the "
+                    "tensors) and take each batch by indexing it there with a seeded permutation per epoch; "
+                    "ctx.loader does this for you. It needs a map-style dataset with deterministic items (no "
+                    "random augmentation) that fits in "
+                    f"{self.device_data_share:.0%} of the device's memory; no DataLoader workers are used")
+        if self.loader == "dali":
+            return (f"loader=dali: an NVIDIA DALI pipeline with {self.dali_threads} threads and a prefetch queue "
+                    f"of {self.dali_prefetch} batches (ctx.image_loader builds it)")
+        persistent = ", persistent" if self.num_workers > 0 and self.persistent_workers else ""
+        prefetch = f", prefetch_factor={self.prefetch_factor}" if self.num_workers > 0 else ""
+        return (f"loader=torch: a DataLoader with num_workers={self.num_workers}, pin_memory={self.pin_memory}"
+                f"{prefetch}{persistent}")
 
     @property
     def packing(self) -> str:

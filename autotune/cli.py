@@ -424,6 +424,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
         if result.best.config.processes_per_gpu > 1 or result.best.config.mps:
             say(f"Packing: {result.best.config.packing}; the samples/s are every process's together.")
+        if result.best.config.loader != result.baseline.loader:
+            say(f"Input pipeline: {escape(result.best.config.input_pipeline)}.")
         _say_accuracy(say, result)
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
@@ -490,6 +492,8 @@ def _best(args: argparse.Namespace) -> int:
     doc = _finite(doc)
     if doc.get("packing"):
         print(f"packing: {doc['packing']['what']}", file=sys.stderr)  # in words, beside the document on stdout
+    if doc.get("input_pipeline"):
+        print(f"input pipeline: {doc['input_pipeline']}", file=sys.stderr)
     if args.format == "yaml":
         import yaml
 

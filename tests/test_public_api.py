@@ -42,7 +42,7 @@ CONFIG_FIELDS = [
     "pin_memory", "prefetch_factor", "persistent_workers", "memory_fraction", "cpu_threads", "loader",
     "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "bucket_cap_mb",
     "gradient_as_bucket_view", "static_graph", "grad_compression", "batch_policy", "global_batch",
-    "processes_per_trial", "processes_per_gpu", "mps",
+    "processes_per_trial", "processes_per_gpu", "mps", "device_data_share",
 ]
 # What a train_fn calls on its TrialContext.
 CONTEXT_HELPERS = {
@@ -56,7 +56,7 @@ BEST_CONFIG_KEYS = {
     "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
-    "faster", "verdict", "speedup_spread", "colocation_warning", "packing",
+    "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline",
 }
 
 

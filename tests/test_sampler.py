@@ -175,3 +175,41 @@ def test_never_proposes_values_that_cannot_run_together():
     assert all(c.precision == "fp32" and c.attention == "flash" for c in configs)
     assert len({(c.batch_size, c.channels_last) for c in configs}) == space.size  # every config that can run
     assert proposals(None)[0].precision == "bf16"  # without the check the prior point is bf16
+
+
+FIXED = {"precision": CategoricalDistribution(["fp32", "bf16"]),
+         "batch_size": CategoricalDistribution([32, 64, 128, 256, 512]),
+         "channels_last": CategoricalDistribution([False, True])}
+
+
+def _fixed_walk(whole_batch, *, oom_at=None, moves=2):
+    """The batches of the prior point and the next ``moves`` proposals, every move slower than the prior;
+    ``oom_at``: a trial (fp32, no channels_last) at that batch ran out of memory first."""
+    study = _study(GuidedSampler(search_space=FIXED, seed=0, whole_batch=whole_batch))
+    if oom_at is not None:
+        study.enqueue_trial({"precision": "fp32", "batch_size": oom_at, "channels_last": False})
+        trial = study.ask()
+        for name, dist in FIXED.items():
+            trial.suggest_categorical(name, dist.choices)
+        _tell(study, trial, status="oom")
+    batches = []
+    for i in range(moves + 1):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, dist.choices) for name, dist in FIXED.items()}
+        batches.append(params["batch_size"])
+        _tell(study, trial, 100.0 if i == 0 else 50.0)
+    return batches
+
+
+def test_under_fixed_the_micro_batch_without_accumulation_is_the_first_move():
+    # The prior point takes the upper median, 128 (accumulated 4 times into the global batch 512); the
+    # first move is 512, no accumulation, ahead of the nearest value up.
+    assert _fixed_walk(512) == [128, 512, 256]
+    assert _fixed_walk(None) == [128, 256, 64]  # without the rule: nearest first, up before down
+    # The global batch among the values, but not the largest: the rule follows it, not the ladder.
+    assert _fixed_walk(256)[:2] == [128, 256]
+
+
+def test_under_fixed_an_out_of_memory_at_or_below_the_global_batch_makes_accumulation_the_fallback():
+    assert _fixed_walk(512, oom_at=64) == [128, 256, 64]  # memory binds: the usual walk
+    assert _fixed_walk(512, oom_at=512)[:2] == [128, 256]

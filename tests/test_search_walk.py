@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from autotune import Tuner
 from autotune.insight._diagnose import Diagnosis, diagnose, next_step
 from autotune.search._cost import CACHED_COMPILE_SHARE, CostModel, CostSample, compile_group, samples_from_trials
-from autotune.search._sampler import GuidedSampler
+from autotune.search._sampler import GuidedSampler, seen_trial
 from autotune.search._simulate import ReplayTable, TableRow, TrialClock, replay, replay_env
 from autotune.study._progress import minutes_text
 
@@ -95,6 +95,66 @@ def test_channels_last_waits_where_the_model_has_no_4d_activations():
     changed = _walk("compute-bound", moves=6, **{"extra:activations_4d": False})
     assert "channels_last" not in changed and {"precision", "compile", "batch_size"} <= set(changed)
     assert "channels_last" in _walk("compute-bound", moves=3)  # unknown: it keeps its place
+
+
+LOADER_SPACE = {**SPACE, "loader": CategoricalDistribution(["torch", "device"])}
+
+
+def _loader_walk(label, moves, **attrs):
+    """The knobs changed by the first ``moves`` moves in a space with ``loader: [torch, device]``, from a
+    prior point diagnosed ``label`` (``_walk`` with the loader knob)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(search_space=LOADER_SPACE, seed=0))
+
+    def ask():
+        trial = study.ask()
+        return trial, {name: trial.suggest_categorical(name, d.choices) for name, d in LOADER_SPACE.items()}
+
+    trial, prior = ask()
+    assert prior["loader"] == "torch"  # the DataLoader runs anything: it is the prior
+    _tell(study, trial, 100.0, diagnosis=label, **attrs)
+    changed = []
+    for _ in range(moves):
+        trial, params = ask()
+        changed.append(next((k, params[k]) for k in params if params[k] != prior[k]))
+        _tell(study, trial, 50.0, diagnosis=label, **attrs)
+    return changed
+
+
+def test_an_input_bound_step_tries_the_data_on_the_device_first():
+    assert _loader_walk("input-bound", moves=1, data_wait_fraction=0.6) == [("loader", "device")]
+    assert ("loader", "device") in _loader_walk("input-bound", moves=3)[:1]
+
+
+def test_a_value_that_refused_the_workload_is_dropped_after_one_trial():
+    # loader=device refused the dataset (random augmentation): one trial says so, and the walk goes on
+    # without it, though the step still waits on the loader.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(search_space=LOADER_SPACE, seed=0))
+    proposals = []
+    for i in range(8):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, d.choices) for name, d in LOADER_SPACE.items()}
+        proposals.append(params)
+        if params["loader"] == "device":
+            trial.set_user_attr("refused_value", {"knob": "loader", "value": "device"})
+            _tell(study, trial, 0.0, status="error")
+        else:
+            _tell(study, trial, 100.0 - i, diagnosis="input-bound")
+    assert [p["loader"] for p in proposals[:2]] == ["torch", "device"]
+    assert all(p["loader"] == "torch" for p in proposals[2:]), proposals
+    # Dropped as a value (not only as a move from that incumbent): pair moves and the random fallback skip it too.
+    seen = [seen_trial(t, LOADER_SPACE) for t in study.trials]
+    assert ("loader", "device") in study.sampler._dropped(seen)
+
+
+def test_a_launch_bound_step_moves_the_batch_before_any_loader_knob():
+    # Under batch_policy scale the batch knob is the global batch: a larger one launches fewer kernels per
+    # sample. The loader knobs, even where the step also waited on input, wait for every batch move.
+    changed = [knob for knob, _ in _loader_walk("launch-bound", moves=12, data_wait_fraction=0.3)]
+    batch_moves = [i for i, knob in enumerate(changed) if knob == "batch_size"]
+    loader_moves = [i for i, knob in enumerate(changed) if knob in {"loader", *INPUT}]
+    assert len(batch_moves) == 3 and (not loader_moves or max(batch_moves) < min(loader_moves)), changed
 
 
 def test_a_move_that_needs_a_fresh_compile_waits_for_cheaper_ones_of_like_gain():
@@ -357,8 +417,10 @@ def test_hints_never_suggest_channels_last_without_4d_activations():
 def test_hints_for_input_and_memory_bounds_name_the_knobs_the_walk_tries():
     wait = Diagnosis("input-bound", "waited", {"data_wait_fraction": 0.9}, True)
     hint = next_step(wait, {"num_workers": 4, "pin_memory": True, "persistent_workers": False})
-    for text in ("more DataLoader workers", "prefetch_factor", "persistent_workers", "DALI",
-                 "small dataset on the device"):
+    for text in ("loader: device to keep a small dataset", "more DataLoader workers", "prefetch_factor",
+                 "persistent_workers", "DALI"):
         assert text in hint
+    assert hint.index("loader: device") < hint.index("more DataLoader workers")  # the biggest lever first
+    assert "loader: device" not in next_step(wait, {"loader": "device"})
     memory = Diagnosis("memory-capacity-bound", "oom", {}, True)
     assert "micro-batch with gradient accumulation" in next_step(memory, {"precision": "bf16"})

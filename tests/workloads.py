@@ -274,3 +274,46 @@ def exit_hangs(ctx) -> None:
 def raise_control_sequences(ctx) -> None:
     """An exception whose text holds terminal control sequences (blink, a window title), as a library's may."""
     raise ValueError("\x1b[5mblink\x1b]0;retitled\x07 and the rest")
+
+
+class PerSampleDataset(torch.utils.data.Dataset):
+    """A map-style dataset that builds each sample in Python, one ``__getitem__`` at a time, as many
+    hand-written datasets do: the DataLoader pays that per sample, ``loader=device`` once."""
+
+    def __init__(self, n: int = 4096) -> None:
+        data = dataset(n)
+        self.x, self.y = data.tensors[0].tolist(), data.tensors[1].tolist()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"inputs": torch.tensor(self.x[index]), "targets": torch.tensor(self.y[index])}
+
+
+def train_per_sample(ctx) -> None:
+    """A trivial model fed by a per-sample Python dataset: the step waits on the loader."""
+    _train_linear(ctx, PerSampleDataset())
+
+
+def _train_linear(ctx, data: torch.utils.data.Dataset) -> None:
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(FEATURES, CLASSES))
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for batch in ctx.batches(ctx.loader(data)):
+        step(batch["inputs"], batch["targets"])
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+class AugmentedDataset(PerSampleDataset):
+    """``PerSampleDataset`` with random noise added at every fetch, as a random augmentation does."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = super().__getitem__(index)
+        return {**item, "inputs": item["inputs"] + 0.01 * torch.randn(FEATURES)}
+
+
+def train_augmented(ctx) -> None:
+    """``train_per_sample`` on ``AugmentedDataset``: loader=device must refuse it."""
+    _train_linear(ctx, AugmentedDataset(1024))

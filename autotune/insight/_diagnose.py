@@ -347,8 +347,12 @@ def _next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
     c = dict(config)
     if diagnosis.bottleneck == INPUT_BOUND:
         workers = c.get("num_workers", 0)
-        tips = ["more DataLoader workers, up to the cores the process may use"
-                + (f" (it uses {workers})" if workers else " (it loads in the main process)")]
+        tips = []
+        if c.get("loader") != "device":
+            tips.append("loader: device to keep a small dataset with deterministic items on the device "
+                        "(ctx.loader indexes its batches there)")
+        tips.append("more DataLoader workers, up to the cores the process may use"
+                    + (f" (it uses {workers})" if workers else " (it loads in the main process)"))
         if workers:
             tips.append("a larger prefetch_factor")
             if not c.get("persistent_workers"):
@@ -357,7 +361,7 @@ def _next_step(diagnosis: Diagnosis, config: Mapping[str, Any]) -> str:
             tips.append("pinned memory")
         if c.get("loader") != "dali":
             tips.append("NVIDIA DALI (the `dali` extra) to decode and augment image data on the GPU")
-        return f"{INPUT_BOUND}: try " + ", ".join(tips) + "; or keep a small dataset on the device."
+        return f"{INPUT_BOUND}: try " + ", ".join(tips) + "."
     if diagnosis.bottleneck == LAUNCH_BOUND:
         tips = []
         if not c.get("cuda_graphs"):

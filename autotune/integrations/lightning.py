@@ -50,6 +50,7 @@ UNSUPPORTED = (
                                                         "configure_optimizers"),
     Unsupported("activation_checkpointing", (True,), "checkpointing is the LightningModule's own code"),
     Unsupported("loader", ("dali",), "the DataModule builds a torch DataLoader"),
+    Unsupported("loader", ("device",), "the DataModule builds a torch DataLoader: its batches cannot be served from data kept on the device"),
 )
 # What every trial sets besides the config: the budget's length on one device, and nothing the trials
 # would all repeat without measuring it (validation, checkpoints, loggers, progress bars).

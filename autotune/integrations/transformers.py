@@ -51,6 +51,7 @@ UNSUPPORTED = (
     Unsupported("optimizer_impl", ("foreach",), "optim= names no foreach AdamW (adamw_torch leaves torch's choice, "
                                                 "adamw_torch_fused is the fused one)"),
     Unsupported("loader", ("dali",), "the Trainer builds its own torch DataLoader"),
+    Unsupported("loader", ("device",), "the Trainer builds its own torch DataLoader: its batches cannot be served from data kept on the device"),
 )
 # What every trial sets besides the config: the budget's length, and nothing the trials would all repeat
 # without measuring it (evaluation, checkpoints, logging, reporting to trackers, a progress bar).

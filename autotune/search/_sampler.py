@@ -5,6 +5,9 @@ where to start (bf16 or fp16, channels_last, a large batch, compiled, graphs). S
 random until a model forms, the sampler:
 
 1. proposes a *prior point* first: every knob at its most promising value, the batch at the upper median;
+   under ``batch_policy: fixed`` its first move is then the micro-batch equal to the global batch (no
+   accumulation), unless an out-of-memory at that micro-batch or a smaller one was recorded: accumulation
+   is the fallback for memory, and otherwise only adds steps;
 2. then walks coordinate neighbours of the incumbent (the fastest feasible config so far), one knob at a
    time in order of expected impact (precision, batch, compile, ...), moving whenever a neighbour wins;
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
@@ -24,7 +27,8 @@ random until a model forms, the sampler:
    random;
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
-   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk.
+   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk,
+   nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data).
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -55,7 +59,9 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     "cudnn_benchmark": (True, False),
     "pin_memory": (True, False),
     "persistent_workers": (True, False),
-    "loader": ("torch", "dali"),
+    # The DataLoader first: it runs anything. Where the step waits on it, the walk tries the loader first
+    # (BOTTLENECK_KNOBS), and serving the data from the device removes the wait altogether.
+    "loader": ("torch", "device", "dali"),
     # torch's own pick first; then the fused kernels, fastest where they run; explicit attention last.
     "attention": ("auto", "flash", "cudnn", "efficient", "math", "explicit"),
     "optimizer_impl": ("fused", "foreach", "default"),
@@ -103,11 +109,12 @@ COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs
 # The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).
 INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND, COMMUNICATION_BOUND = (
     "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound", "communication-bound")
-# What can help each bottleneck, most likely first. Input: the loader (the space bounds the workers to
-# what the host has). Launches: fewer, larger launches. Compute: less work per sample, then a batch that
+# What can help each bottleneck, most likely first. Input: the loader backend, the biggest lever (data
+# already on the device waits for nothing; DALI decodes on the GPU), then the DataLoader's own knobs (the
+# space bounds the workers to what the host has). Launches: fewer, larger launches. Compute: less work per sample, then a batch that
 # uses the units better. Memory capacity: the batch (the one that fits), then a narrower precision.
 BOTTLENECK_KNOBS: dict[str, tuple[str, ...]] = {
-    INPUT_BOUND: ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "loader",
+    INPUT_BOUND: ("loader", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers",
                   "dali_threads", "dali_prefetch"),
     LAUNCH_BOUND: ("cuda_graphs", "compile", "optimizer_impl", "batch_size"),
     COMPUTE_BOUND: ("precision", "compile", "attention", "channels_last", "batch_size"),
@@ -146,6 +153,7 @@ class _Seen:
     failed: bool = False  # it ran and failed for a reason other than memory (a crash, an error, a timeout)
     cost: Optional[CostSample] = None  # its seconds, when recorded
     slow_compile: Optional[str] = None  # the compile mode that ran past the compile deadline
+    refused: Optional[tuple[str, Any]] = None  # (knob, value) that refused the workload (loader=device's data)
 
 
 class GuidedSampler(optuna.samplers.BaseSampler):
@@ -168,6 +176,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             other single-knob moves (False: nearest first, whatever was seen; an ablation).
         cannot_run: Why a config cannot run here, else None (``SearchSpace.cannot_run``); it is given the
             asked params (the searched knobs), so it must fill in the knobs a space does not search.
+        whole_batch: Under ``batch_policy: fixed``, the batch knob's value that takes no accumulation (the
+            global batch; over the ranks of a DDP trial, its share of each rank): the walk's first move
+            (None: no such rule).
     """
 
     def __init__(
@@ -183,6 +194,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         input_idle: float = 0.02,
         defer_past_slower: bool = True,
         cannot_run: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,
+        whole_batch: Optional[int] = None,
     ) -> None:
         if not 0 <= skip_margin < 1:
             raise ValueError("skip_margin must be in [0, 1)")
@@ -197,6 +209,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._input_idle = input_idle
         self._defer_past_slower = defer_past_slower
         self._cannot_run = cannot_run or (lambda params: None)
+        self._whole_batch_value = whole_batch
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     # -- Optuna's sampler interface -------------------------------------------------------------
@@ -255,6 +268,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate):
                 return candidate
         anchor, failed_anchor, best = self._anchor(seen, prior, dropped)
+        whole = self._whole_batch(seen, anchor)
+        if whole is not None and fresh(whole):
+            return whole
         worse = self._clearly_worse(seen)
         first, later = self._tiers(seen, best)
         deferred = self._past_slower(seen, anchor, best)
@@ -282,6 +298,22 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate, allow_dropped=attempt >= 1000):  # dropped values only once little else is left
                 return candidate
         return None
+
+    def _whole_batch(self, seen: list[_Seen], anchor: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """Under ``fixed``, the incumbent at the micro-batch equal to the global batch, while no trial but the
+        reference has run there and no out-of-memory at that micro-batch or a smaller one was recorded."""
+        whole = self._whole_batch_value
+        if whole is None or whole not in self._values.get("batch_size", ()) or anchor.get("batch_size") == whole:
+            return None
+        for s in seen:
+            batch = s.params.get("batch_size")
+            if batch is None:
+                continue
+            if s.oom and batch <= whole:
+                return None  # memory binds: accumulation is what lets the global batch fit
+            if batch == whole and not s.reference and (s.value is not None or s.failed):
+                return None  # tried: the walk goes on as for any knob
+        return {**anchor, "batch_size": whole}
 
     def _tiers(self, seen: list[_Seen], best: Optional[_Seen]) -> tuple[list[str], list[str]]:
         """(knobs tried first, knobs that wait), from the incumbent's bottleneck."""
@@ -374,6 +406,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         for s in seen:
             if s.slow_compile is not None:
                 out.add(("compile", s.slow_compile))  # slow for this model: one deadline is enough to say so
+            if s.refused is not None:
+                out.add(s.refused)  # the value said why it cannot run this workload: no second try
             for k, v in s.params.items():
                 item = (k, self._key([v]))
                 if fails.get(item, 0) >= FAILS_TO_DROP and item not in ran:
@@ -537,7 +571,15 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         cost=sample_from_attrs(trial.number, cost_params, {**attrs, "config": cost_params})
         if finished and is_priced(attrs) else None,
         slow_compile=next(iter(slow_compile_modes([attrs])), None),
+        refused=_refused(attrs.get("refused_value")),
     )
+
+
+def _refused(value: Any) -> Optional[tuple[str, Any]]:
+    """The (knob, value) of a trial's ``refused_value`` attribute, when it holds one."""
+    if isinstance(value, dict) and isinstance(value.get("knob"), str) and "value" in value:
+        return value["knob"], value["value"]
+    return None
 
 
 def _bottleneck(label: Optional[str]) -> Optional[str]:

@@ -24,7 +24,9 @@ from autotune._config import (
     COMPILE_MODES_WITH_GRAPHS,
     DALI_LOADER_KNOBS,
     DDP_KNOBS,
+    DEVICE_DATA_SHARE,
     GRAD_COMPRESSIONS,
+    LOADER_KNOBS,
     LOADERS,
     OPTIMIZER_IMPLS,
     PRECISIONS,
@@ -83,7 +85,9 @@ def _ask_order() -> tuple[str, ...]:
 
 _ASK_ORDER = _ask_order()
 _TOP_LEVEL_KEYS = {"description", "knobs", "baseline", "budget", "batch_policy", "global_batch", "processes_per_trial",
-                   "study_minutes"}
+                   "study_minutes", "device_data_share"}
+# Every loader's own knobs: a config asks only those of its loader.
+_ALL_LOADER_KNOBS = frozenset(k for knobs in LOADER_KNOBS.values() for k in knobs)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,11 @@ class SearchSpace:
         return self.baseline.global_batch_size
 
     @property
+    def device_data_share(self) -> float:
+        """The share of device memory (host memory on the CPU) that ``loader: device`` may fill with the data."""
+        return self.baseline.device_data_share
+
+    @property
     def processes_per_trial(self) -> int:
         """Ranks of each trial: above 1 a trial is a DDP job (``batch_size`` is then each rank's micro-batch)."""
         return self.baseline.processes_per_trial
@@ -186,6 +195,8 @@ class SearchSpace:
             data["global_batch"] = self.global_batch
         if self.processes_per_trial > 1:  # only where set, so one-process studies keep their fingerprint
             data["processes_per_trial"] = self.processes_per_trial
+        if self.device_data_share != DEVICE_DATA_SHARE:  # likewise
+            data["device_data_share"] = self.device_data_share
         return data
 
     def with_batch_policy(self, policy: str, *, where: Optional[str] = None) -> "SearchSpace":
@@ -240,7 +251,8 @@ class SearchSpace:
             return self
         base = {k: v for k, v in self.baseline.to_dict().items() if k not in STUDY_FIELDS}
         base.update(values)
-        space = dataclasses.replace(self, baseline=TrialConfig(**base, batch_policy="scale"))
+        space = dataclasses.replace(self, baseline=TrialConfig(**base, batch_policy="scale",
+                                                               device_data_share=self.device_data_share))
         if self.batch_policy == "scale":
             return _with_policy(space, "scale", None, where)
         stated = values["batch_size"] * self.processes_per_trial if "batch_size" in values else self.global_batch
@@ -337,8 +349,8 @@ class SearchSpace:
             if name in ("prefetch_factor", "persistent_workers") and chosen.get("num_workers") == 0:
                 chosen[name] = getattr(TrialConfig(), name)
                 continue
-            if name in (DALI_LOADER_KNOBS if chosen.get("loader") != "dali" else TORCH_LOADER_KNOBS):
-                chosen[name] = getattr(TrialConfig(), name)  # the other loader's knob cannot matter
+            if name in _ALL_LOADER_KNOBS and name not in LOADER_KNOBS.get(chosen.get("loader"), TORCH_LOADER_KNOBS):
+                chosen[name] = getattr(TrialConfig(), name)  # another loader's knob cannot matter
                 continue
             if spec.choices is not None:
                 chosen[name] = trial.suggest_categorical(name, list(spec.choices))
@@ -350,7 +362,7 @@ class SearchSpace:
             chosen["memory_fraction"] = 1.0 / chosen["processes_per_gpu"]  # each copy its share of the device
         policy = self.batch_policy
         return TrialConfig(**chosen, batch_policy=policy, global_batch=self.global_batch if policy == "fixed" else None,
-                           processes_per_trial=self.processes_per_trial)
+                           processes_per_trial=self.processes_per_trial, device_data_share=self.device_data_share)
 
     def asked_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The params a trial asks for to reach this config: knobs that cannot matter for it are not asked."""
@@ -551,6 +563,9 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
 
     processes = data.get("processes_per_trial", 1)
     _check_processes(processes, where)
+    share = data.get("device_data_share", DEVICE_DATA_SHARE)
+    if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+        raise SpaceError(f"{where}: device_data_share: {share!r} is not a fraction in (0, 1]")
     copies = base_values.get("processes_per_gpu", 1)
     if copies > 1 and "memory_fraction" not in base_values:
         base_values["memory_fraction"] = 1.0 / copies
@@ -579,7 +594,8 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
         name=name or where,
         study_minutes=float(minutes) if minutes is not None else None,
         knobs=knobs,
-        baseline=TrialConfig(**base_values, batch_policy="scale", processes_per_trial=processes),
+        baseline=TrialConfig(**base_values, batch_policy="scale", processes_per_trial=processes,
+                             device_data_share=float(share)),
         budget=budget,
         description=str(data.get("description", "")),
         global_batch_stated=global_batch is not None,
@@ -848,20 +864,27 @@ def _process_removals(space: SearchSpace, caps: Any) -> list[tuple[str, Any, str
                                   "here (DDP's bucket rebuild and all-reduce run outside the capture)")]
 
 
+# How the reason starts when the reference run's dataset cannot be served from the device (``restrict_to_model``).
+DEVICE_LOADER_REFUSED = "the reference run's dataset cannot be kept on the device"
 # Why channels_last goes when the reference run shows no layer with 4-D activations (see ``restrict_to_model``).
 NO_4D_ACTIVATIONS = ("the model has no 4-D activations (ctx.model found no Conv2d, BatchNorm2d or pooling "
                      "layer in the reference run): the memory format changes nothing")
 
 
-def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool]) -> SearchSpace:
-    """Remove the knob values that cannot matter for this model, recording why.
+def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
+                      device_loader: Optional[str] = None) -> SearchSpace:
+    """Remove the knob values that cannot matter for this model, or cannot run for its data, recording why.
 
     ``activations_4d`` is what the reference run recorded (``ctx.model`` looks for image layers; None when
     the workload did not call it). Without 4-D activations there is no memory format to change, so
-    ``channels_last=true`` goes, unless the baseline itself uses it.
+    ``channels_last=true`` goes, unless the baseline itself uses it. ``device_loader`` is what the
+    reference run's ``ctx.loader`` found of its dataset: ``"ok"``, or why ``loader=device`` cannot serve it
+    (random augmentation, too large, no length); then ``loader=device`` goes (None: not known).
     """
     if activations_4d is False and not space.baseline.channels_last:
         space = space.without("channels_last", True, NO_4D_ACTIVATIONS)
+    if device_loader and device_loader != "ok" and space.baseline.loader != "device":
+        space = space.without("loader", "device", f"{DEVICE_LOADER_REFUSED}: {device_loader}")
     return space
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._config import Colocation, Measurement, TrialConfig, TrialOutcome, TrialRecord
+from autotune._config import DEVICE_LOADER_REFUSAL, Colocation, Measurement, TrialConfig, TrialOutcome, TrialRecord
 from autotune._records import (BATCH_REFERENCE, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials,
                                _distinct_configs, _feasible)
 from autotune._errors import StudyError
@@ -359,6 +359,9 @@ class TrialLoop:
             trial.set_user_attr("signal", outcome.signal)
         if outcome.status == "nan":
             record_verdict(trial, "diverged", f"the training loss or metric was not finite ({outcome.error})")
+        if outcome.error.startswith(DEVICE_LOADER_REFUSAL):
+            # The dataset cannot be kept on the device, whatever the other knobs: the walk drops the value.
+            trial.set_user_attr("refused_value", {"knob": "loader", "value": "device"})
         if outcome.status == "compile_timeout":
             # That compile mode is slow for this model, not the config broken (search/_compile reads these).
             trial.set_user_attr("compile_mode", config.compile)

@@ -47,6 +47,8 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         "confirmation": study.user_attrs.get("confirmation"),
         "batch_policy": _batch_policy(best.config if best else result.baseline, study.user_attrs),
         "packing": _packing(best.config if best else result.baseline, trial.user_attrs if trial else {}),
+        # What the loader knobs ask of the user's own training code (loader=device: data kept on the device).
+        "input_pipeline": (best.config if best else result.baseline).input_pipeline,
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
         "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},

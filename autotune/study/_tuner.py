@@ -336,9 +336,11 @@ class Tuner:
         if not study_exists(storage, self.study_name):
             return space
         attrs = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs
-        if "channels_last=true" not in (attrs.get("removed_knobs") or {}):
-            return space  # created before this rule, or the model has 4-D activations
-        return _space.restrict_to_model(space, activations_4d=_activations_4d(attrs))
+        removed = attrs.get("removed_knobs") or {}
+        if "channels_last=true" not in removed and "loader=device" not in removed:
+            return space  # created before these rules, or nothing was removed for the model or its data
+        return _space.restrict_to_model(space, activations_4d=_activations_4d(attrs),
+                                        device_loader=_device_loader(attrs))
 
     def _add_baseline_trial(self, study: optuna.Study, space: _space.SearchSpace, reference: dict[str, Any]) -> None:
         """Record the first reference run as trial 0, so the untuned config competes like any other.
@@ -384,6 +386,7 @@ class Tuner:
             canonical=space.asked_params,
             cannot_run=space.cannot_run if space.combinations else None,
             seed=None if self.options.study.mode == "join" else seed + self._resumed_trials,
+            whole_batch=space.global_batch // space.processes_per_trial if space.batch_policy == "fixed" else None,
         )
 
     # -- the run ---------------------------------------------------------------------------------
@@ -465,7 +468,8 @@ class Tuner:
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.
                         space = self._plan_compiles(space, reference)
-                        space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference))
+                        space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
+                                                         device_loader=_device_loader(reference))
                         with _storage_errors(storage_label, self.study_name):
                             if study is None:
                                 study = self._create(storage, space, caps, reference)
@@ -581,6 +585,13 @@ def _activations_4d(reference: dict[str, Any]) -> Optional[bool]:
     """Whether the reference run's model has 4-D activations (None when it did not say)."""
     value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("activations_4d")
     return value if isinstance(value, bool) else None
+
+
+def _device_loader(reference: dict[str, Any]) -> Optional[str]:
+    """What the reference run's ``ctx.loader`` found of ``loader=device`` for its dataset: "ok", why it cannot
+    serve it, or None when the run built no ``ctx.loader``."""
+    value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("device_loader")
+    return value if isinstance(value, str) else None
 
 
 def _creation_done(study: optuna.Study) -> bool:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _copies, _distributed, _images, _knobs, _phase
+from autotune.trial import _copies, _distributed, _images, _knobs, _phase, _resident
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._compile_cache import compile_cache_record
@@ -170,15 +170,22 @@ class TrialContext:
             return _knobs.explicit_attention(query, key, value, **kwargs)
         return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
 
-    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
+    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> Iterable[Any]:
         """A DataLoader with the config's batch size, workers, pinning and prefetching.
 
         The data order depends only on ``ctx.seed``, never on the batch size, so every trial sees the
         same samples in the same order. Incomplete last batches are dropped (static shapes). In a trial of
         several ranks each rank reads its own share of every epoch's order (every ``world_size``-th sample).
 
+        With ``loader=device`` the whole dataset is collated (``collate_fn`` or the default collate) and
+        copied to the device once, and each batch is indexed there: the same samples in the same order as
+        the DataLoader's, element by element. A study's trial that loads in this process (no workers)
+        also checks whether its dataset could be served so, and records the answer (``device_loader``).
+
         Raises:
-            KnobError: ``shuffle`` with an IterableDataset.
+            KnobError: ``shuffle`` with an IterableDataset; ``loader=device`` for a dataset it cannot keep
+                (random augmentation, no ``__len__``, an IterableDataset, too large for
+                ``device_data_share``), with the reason.
         """
         cfg = self.config
         workers = cfg.num_workers
@@ -192,13 +199,33 @@ class TrialContext:
             options["prefetch_factor"] = cfg.prefetch_factor
             options["persistent_workers"] = cfg.persistent_workers
         if isinstance(dataset, torch.utils.data.IterableDataset):
-            if shuffle:
+            if shuffle and cfg.loader != "device":  # loader=device refuses it with its own reason
                 raise KnobError("ctx.loader cannot shuffle an IterableDataset (it has no indices): pass shuffle=False")
         else:
             options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle, rank=self.rank,
                                            world_size=self.world_size)
         options.update(kwargs)
+        if cfg.loader == "device":
+            return self._device_loader(dataset, options)
+        if self.budget is not None and options["num_workers"] == 0:
+            # Items are read in this process anyway, so a few more reads fork no worker with open handles.
+            share = cfg.device_data_share
+            self.extras["device_loader"] = _resident.refusal(dataset, share=share, device=self.device) or "ok"
         return torch.utils.data.DataLoader(dataset, **options)
+
+    def _device_loader(self, dataset: Any, options: dict[str, Any]) -> _resident.DeviceLoader:
+        """``loader=device``: the dataset on the device, batched as the DataLoader of ``options`` would."""
+        share = self.config.device_data_share
+        refused = _resident.refusal(dataset, share=share, device=self.device)
+        if refused:
+            raise KnobError(f"loader=device: {refused}")  # the study reads it as DEVICE_LOADER_REFUSAL
+        batches = options.get("batch_sampler") or torch.utils.data.BatchSampler(
+            options["sampler"], options["batch_size"], options["drop_last"])
+        collate = options.get("collate_fn") or torch.utils.data.default_collate
+        served = _resident.build(dataset, batch_sampler=batches, collate_fn=collate, device=self.device, share=share)
+        self.extras["input_backend"] = "device"
+        self.extras["device_data_gib"] = round(served.nbytes / 2**30, 4)
+        return served
 
     def image_loader(
         self,

@@ -31,6 +31,10 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
     ``memory_fraction`` below 1 caps this process's CUDA allocator
     (``torch.cuda.set_per_process_memory_fraction``): inside each of ``processes_per_gpu`` co-located
     processes it gives the copy its share of the device (1/N unless the space set the fraction).
+
+    The input pipeline is not a flag: build it with ``TrialContext(config=config).loader(dataset)``, which
+    applies the loader knobs. For ``loader=device`` that copies the whole dataset to the device once and
+    indexes each batch there (no DataLoader workers); ``config.input_pipeline`` says it in words.
     """
     device = device or pick_device()
     saved = {
