@@ -56,7 +56,7 @@ BEST_CONFIG_KEYS = {
     "study", "target", "config", "trial", "throughput", "speedup", "accuracy_loss", "baseline", "reference_metric",
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
-    "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline",
+    "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
 }
 
 

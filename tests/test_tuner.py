@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import math
 from pathlib import Path
 
@@ -97,31 +98,39 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str, t
     assert study.metric_names == ["throughput", "accuracy_loss"]
     assert study.directions == [StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE]
 
-    # The top configs were measured again in alternation, and the best is the winner by median.
+    # The top configs were raced, and the best is the winner by median among those not dropped.
     confirmation = attrs["top_k_confirmation"]
     distinct = {json.dumps(t.params, sort_keys=True) for t in trials}
     assert len(confirmation["trials"]) == min(top_k, len(distinct))  # at most 3 configs here
     assert confirmation["trials"] == sorted(confirmation["trials"], key=lambda n: -trials[n].values[0])
+    dropped = confirmation["race"]["dropped"]
     for number in confirmation["trials"]:
         rates = confirmation["throughputs"][str(number)]
-        assert len(rates) == 2 and all(r > 0 for r in rates)
-        assert confirmation["medians"][str(number)] == pytest.approx(sum(rates) / 2)
+        assert len(rates) >= (1 if str(number) in dropped else 2) and all(r > 0 for r in rates)
+        assert confirmation["medians"][str(number)] == pytest.approx(statistics.median(rates))
     winner = confirmation["winner"]
-    assert confirmation["medians"][str(winner)] == max(confirmation["medians"].values())
+    assert str(winner) not in dropped
+    assert confirmation["medians"][str(winner)] == max(v for k, v in confirmation["medians"].items() if k not in dropped)
     assert result.best is not None and result.best.feasible and result.best.status == "ok"
     assert result.best.number == winner
     assert result.best.throughput == pytest.approx(confirmation["medians"][str(winner)])
     # The baseline (not a point of this space: no trial) took part in the same alternation, and the
     # speed-up is the ratio of the two medians, with the per-round ratios as its spread.
     baseline = confirmation["baseline"]
-    assert baseline["trial"] is None and len(baseline["throughputs"]) == 2 and all(baseline["throughputs"])
-    assert baseline["median"] == pytest.approx(sum(baseline["throughputs"]) / 2)
+    base_runs = [b for b in baseline["throughputs"] if b]
+    assert baseline["trial"] is None and len(base_runs) in (2, 3)  # a third when its two disagreed (a noisy CPU)
+    assert baseline["median"] == pytest.approx(statistics.median(base_runs))
     assert result.baseline_throughput == pytest.approx(baseline["median"])
     assert result.speedup == pytest.approx(result.best.throughput / baseline["median"])
-    assert result.speedup_basis == "alternation" and result.speedup_rounds == 2
-    ratios = [r[str(winner)] / b for r, b in zip(confirmation["rounds"], baseline["throughputs"])]
-    assert (result.speedup_low, result.speedup_high) == (pytest.approx(min(ratios)), pytest.approx(max(ratios)))
-    assert result.faster == (min(ratios) > 1.0)
+    ratios = [r[str(winner)] / b for r, b in zip(confirmation["rounds"], baseline["throughputs"]) if b and r[str(winner)]]
+    assert result.speedup_basis == "alternation" and result.speedup_rounds == len(ratios) >= 2
+    if confirmation["race"]["noisy"]:  # the baseline's runs disagreed: every pick run against every baseline run
+        mine = confirmation["throughputs"][str(winner)]
+        low, high = min(mine) / max(base_runs), max(mine) / min(base_runs)
+    else:
+        low, high = min(ratios), max(ratios)
+    assert (result.speedup_low, result.speedup_high) == (pytest.approx(low), pytest.approx(high))
+    assert result.faster == (low > 1.0)
     assert result.removed_knobs == attrs["removed_knobs"]
     assert result.pareto and all(r.feasible for r in result.pareto)
     path = tmp_path / "studies" / "e2e" / "best_config.json"
@@ -144,7 +153,9 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str, t
     assert all(t.user_attrs.get("role") != "reference" for t in trials)
     measured = [t for t in trials if "duplicate_of" not in t.user_attrs and t.user_attrs.get("role") != "reference"]
     expected = {"reference-0", "reference-1"} | {f"trial-{t.number}" for t in measured}
-    expected |= {f"confirm-{n}-{r}" for n in [*confirmation["trials"], "baseline"] for r in (0, 1)}
+    # One folder per race run: each finalist and the baseline in the rounds it ran in.
+    expected |= {f"confirm-{key}-{r}" for r, rates in enumerate(confirmation["rounds"])
+                 for key, rate in rates.items() if rate is not None}
     assert {p.name for p in logs.iterdir()} == expected
 
 

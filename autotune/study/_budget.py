@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 # Seconds kept back at the end of a budgeted study for what follows the race: the diagnosis, the plots and
-# best_config.json (3-8 s on a 2-core CPU with plots; see benchmarks/results/budget-cpu.md).
+# best_config.json (2-3 s on a 2-core CPU with plots, 2-5 s on the H200 host). A short budget keeps back its
+# share, so that a one-minute budget is not a quarter reserve.
 FINISH_RESERVE_S = 10.0
+FINISH_RESERVE_SHARE = 0.04
 # A trial process is never given less than this: below it, nothing but its start-up would run.
 MIN_RUN_S = 5.0
 # The parts of a study, in the order the split lists them. ``trials`` is split further by what each trial
@@ -52,7 +54,9 @@ class StudyClock:
 
     def usable(self) -> float:
         """Seconds left for runs: the deadline less what the end of the study needs."""
-        return self.left() - FINISH_RESERVE_S
+        if self.budget_seconds is None:
+            return float("inf")
+        return self.left() - min(FINISH_RESERVE_S, max(2.0, FINISH_RESERVE_SHARE * self.budget_seconds))
 
     def cap(self, timeout: float, *, keep: float = 0.0) -> float:
         """A run's time limit, cut so that it ends ``keep`` seconds before the usable time runs out."""

@@ -158,6 +158,8 @@ def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOpti
         return False
     race = _Race(study, entrants, base_key, options.confirm_rounds)
     race.run(runner, seed=seed, ui=ui, clock=clock or StudyClock())
+    if not race.rounds:
+        return False  # the budget had no time for one run: nothing is recorded, a resume can race them
     study.set_user_attr(CONFIRMATION, race.record(signature, worker))
     return True
 

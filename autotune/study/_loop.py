@@ -21,7 +21,7 @@ from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
-from autotune.study._budget import StudyClock
+from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
 from autotune.study._progress import _Progress
 from autotune.study._references import References
@@ -94,6 +94,8 @@ class TrialLoop:
                 break
             if self.timeout is not None and time.monotonic() - self.started > self.timeout:
                 break
+            if self._out_of_budget():
+                break
             if self._live_count() >= self.n_trials:
                 ui.status("waiting for the trials other workers are running")
                 time.sleep(2.0)
@@ -116,6 +118,19 @@ class TrialLoop:
             over_budget = over_budget + 1 if ended == OVER_BUDGET else 0
             if over_budget >= OVER_BUDGET_LIMIT or ended == "budget":
                 break
+
+    def _out_of_budget(self) -> bool:
+        """Under a budget: whether not even the shortest run fits beside the race any more. Checked before
+        every proposal, since a duplicate costs no run and would otherwise be asked for past the deadline."""
+        if not self.clock.budgeted:
+            return False
+        reserve = race_seconds(self.study, self.top_k, self.runner.budget)
+        if self.clock.fits(MIN_RUN_S, keep=reserve):
+            return False
+        self.budget_note = self.budget_note or (
+            f"the study's budget had {max(0.0, self.clock.usable()):.0f} s left, the race of the finalists needs "
+            f"{reserve:.0f} s")
+        return True
 
     def _run_one(self, ui: _Progress) -> str:
         """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule, or a
