@@ -85,7 +85,9 @@ def test_a_failing_rank_fails_the_trial_by_name(tmp_path: Path) -> None:
     assert outcome.status == "error"
     assert outcome.error.startswith("rank 1 of 2: ValueError: rank one broke on purpose")
     assert "rank one broke on purpose" in outcome.stderr_tail  # rank 1's log, not rank 0's
-    assert "Connection closed by peer" in (tmp_path / "trial.log").read_text()  # rank 0 failed after it
+    # The launcher ends the trial once rank 1's failed result is written (it lingers after it); rank 0 is
+    # killed then, or fails on the closed group first and exits: either way its log holds no rank 1 error.
+    assert "rank one broke on purpose" not in (tmp_path / "trial.log").read_text()
     assert time.monotonic() - start < 60
 
 
