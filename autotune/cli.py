@@ -441,7 +441,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
                       markup=False, highlight=False, soft_wrap=True)
     split = _document(result).get("time_split")
     if split:
-        from autotune.study._budget import format_split
+        from autotune.insight._report import format_split
 
         say(f"Where the minutes went: {format_split(split)}.")
     console.print(f"Best config written to {escape(str(result.best_config_path))}")

@@ -22,7 +22,8 @@ import pytest
 
 from autotune import Tuner
 from autotune.search._simulate import config_key, replay_env
-from autotune.study._budget import format_split, time_split, trial_parts
+from autotune.insight._report import format_split
+from autotune.study._budget import time_split, trial_parts
 from autotune.study._confirm import CLEARLY_SLOWER, clearly_slower, disagreement
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -103,7 +104,14 @@ def test_a_study_with_a_short_budget_ends_inside_it_with_a_pick_and_a_split_that
     parts = sum(split["parts"].values())
     assert abs(parts - split["wall"]) <= 0.05 * split["wall"], split
     assert split["wall"] <= wall and split["parts"]["timed"] > 0 and split["parts"]["references"] > 0
-    assert "of a 0.666667-minute budget" in format_split(split) or "-minute budget" in format_split(split)
+    assert format_split(split).startswith(f"{split['wall']:.0f} s of a 0.666667-minute budget: references ")
+    # The study note and `autotune report` say the same, with the race's line.
+    from autotune.insight._report import summary_lines
+
+    note = "\n".join(summary_lines(study, {}))
+    assert "Where the minutes went: " in note
+    if doc["confirmed"]["confirmed"]:
+        assert "Race of the finalists: " in note
 
 
 def test_a_budget_too_short_for_the_reference_is_refused_in_one_line(tmp_path, cpu_caps, monkeypatch):

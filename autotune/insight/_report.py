@@ -19,7 +19,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -28,7 +28,7 @@ from autotune._config import NO_FASTER_CONFIG, TrialConfig
 from autotune.insight._accuracy import accuracy_lines, matplotlib_loss_curves, plotly_loss_curves
 from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
-from autotune._records import batch_reference_noise, batch_references
+from autotune._records import CONFIRMATION, batch_reference_noise, batch_references
 from autotune._records import DEFAULT_STUDIES_DIR, study_dir
 
 ARTIFACTS_DIR = "artifacts"  # under studies_dir; `autotune dashboard` passes the same --artifact-dir
@@ -170,6 +170,11 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
             text += f"; over {confirmation['samples']:,} samples it loses {confirmation['accuracy_loss']:+.4f}"
         lines.append(text + ".")
     lines.extend(accuracy_lines(study, best.number if best is not None else None))
+    race = race_line(attrs.get(CONFIRMATION) or {})
+    if race:
+        lines.append(race)
+    if attrs.get("time_split"):
+        lines.append(f"Where the minutes went: {format_split(attrs['time_split'])}.")
     removed = attrs.get("removed_knobs") or {}
     if removed:
         lines.append("Removed by the capability probe: " + "; ".join(f"`{k}` ({v})" for k, v in removed.items()) + ".")
@@ -187,6 +192,35 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         d = diagnoses[best.number]
         lines.append(f"The best config is **{d.label}**: {d.evidence} Next step: {hint}")
     return lines
+
+
+def race_line(race_record: dict[str, Any]) -> str:
+    """The race of the finalists in one line ("" when none ran)."""
+    race = race_record.get("race") or {}
+    if not race:
+        return ""
+    dropped = race.get("dropped") or {}
+    text = (f"Race of the finalists: {race.get('runs')} runs in {len(race_record.get('rounds', []))} rounds, "
+            f"{race.get('seconds') or 0:.0f} s; ended: {race.get('ended')}")
+    if dropped:
+        text += "; dropped " + "; ".join(f"#{k} ({why})" for k, why in dropped.items())
+    if race.get("noisy"):
+        text += f"; a noisy machine: the baseline's runs differed by {race.get('baseline_disagreement', 0):.0%}"
+    return text + "."
+
+
+def format_split(split: Mapping[str, Any]) -> str:
+    """``"312 s: references 95 s (30%), compile 80 s (26%), ..."`` for the summary and the study note."""
+    wall = float(split.get("wall") or 0.0)
+    named = {"references": "references", "compile": "compile", "warmup": "warm-up", "timed": "timed windows",
+             "race": "re-measurement", "trial_process": "trial processes (start, build, exit)",
+             "coordinator": "coordinator (sampler, storage, verdicts)", "probe": "probe", "report": "report"}
+    shown = [f"{label} {split['parts'].get(key, 0.0):.0f} s ({split['shares'].get(key, 0.0):.0%})"
+             for key, label in named.items() if split["parts"].get(key, 0.0) >= 0.5]
+    budget = split.get("budget")
+    head = f"{wall:.0f} s" + (f" of a {budget / 60:g}-minute budget" if budget else "")
+    tail = f"; unaccounted {split['unaccounted']:.1f} s" if abs(split.get("unaccounted", 0.0)) >= 0.5 else ""
+    return f"{head}: " + ", ".join(shown) + tail
 
 
 def best_hint(study: optuna.Study, diagnoses: dict[int, Diagnosis], result: Any = None) -> str:

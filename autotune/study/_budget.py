@@ -147,17 +147,3 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
         "unaccounted": round(wall - accounted, 3),
         "budget": budget_seconds,
     }
-
-
-def format_split(split: Mapping[str, Any]) -> str:
-    """``"312 s: references 95 s (30%), compile 80 s (26%), ..."`` for the summary and the study note."""
-    wall = float(split.get("wall") or 0.0)
-    named = {"references": "references", "compile": "compile", "warmup": "warm-up", "timed": "timed windows",
-             "race": "re-measurement", "trial_process": "trial processes (start, build, exit)",
-             "coordinator": "coordinator (sampler, storage, verdicts)", "probe": "probe", "report": "report"}
-    shown = [f"{label} {split['parts'].get(key, 0.0):.0f} s ({split['shares'].get(key, 0.0):.0%})"
-             for key, label in named.items() if split["parts"].get(key, 0.0) >= 0.5]
-    budget = split.get("budget")
-    head = f"{wall:.0f} s" + (f" of a {budget / 60:g}-minute budget" if budget else "")
-    tail = f"; unaccounted {split['unaccounted']:.1f} s" if abs(split.get("unaccounted", 0.0)) >= 0.5 else ""
-    return f"{head}: " + ", ".join(shown) + tail

@@ -505,6 +505,7 @@ class Tuner:
                 # Ctrl-C or SIGTERM: the best so far is written, marked unconfirmed, before the exit.
                 self._write_unconfirmed(study, storage_label, loop, exc)
                 raise
+        self._record_split(study, loop)  # for the study note, which the report writes (updated after it)
         with clock.part("report"):
             from autotune.insight._report import annotate_study  # diagnoses, dashboard note, plots; never raises
 
