@@ -317,3 +317,37 @@ class AugmentedDataset(PerSampleDataset):
 def train_augmented(ctx) -> None:
     """``train_per_sample`` on ``AugmentedDataset``: loader=device must refuse it."""
     _train_linear(ctx, AugmentedDataset(1024))
+
+
+class SlowItems(torch.utils.data.Dataset):
+    """``dataset()``'s samples, each fetched after a short wait (as from storage): an input pipeline slower
+    than the tiny model's step, which DataLoader workers speed up even on busy cores."""
+
+    def __init__(self, n: int = 2048, *, seed: int = 0, seconds: float = 0.0004) -> None:
+        self.data = dataset(n, seed=seed)
+        self.seconds = seconds
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return self.data[index]
+
+
+def train_input_bound(ctx) -> None:
+    """train_tiny over ``SlowItems``; every forward pass of the model is counted in ``forward_calls``."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    calls = [0]
+
+    def count(*_):
+        calls[0] += 1
+        ctx.record("forward_calls", calls[0])
+
+    model.register_forward_hook(count)
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1 * ctx.lr_scale)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(ctx.loader(SlowItems(seed=ctx.seed))):
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))

@@ -213,7 +213,8 @@ def format_split(split: Mapping[str, Any]) -> str:
     """``"312 s: references 95 s (30%), compile 80 s (26%), ..."`` for the summary and the study note."""
     wall = float(split.get("wall") or 0.0)
     named = {"references": "references", "compile": "compile", "warmup": "warm-up", "timed": "timed windows",
-             "race": "re-measurement", "trial_process": "trial processes (start, build, exit)",
+             "race": "re-measurement", "probes": "loader and step probes",
+             "trial_process": "trial processes (start, build, exit)",
              "coordinator": "coordinator (sampler, storage, verdicts)", "probe": "probe", "report": "report"}
     shown = [f"{label} {split['parts'].get(key, 0.0):.0f} s ({split['shares'].get(key, 0.0):.0%})"
              for key, label in named.items() if split["parts"].get(key, 0.0) >= 0.5]

@@ -133,7 +133,9 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
         "warmup": sum(r["warmup"] for r in runs),
         "timed": sum(r["timed"] for r in runs),
         "trial_process": sum(r["process"] for r in runs),
-        "coordinator": max(0.0, seconds.get("trials", 0.0) - trial_wall - batch_references) + seconds.get("setup", 0.0),
+        "probes": seconds.get("probes", 0.0),  # loader and step probes, run inside the trials' part
+        "coordinator": max(0.0, seconds.get("trials", 0.0) - trial_wall - batch_references - seconds.get("probes", 0.0))
+        + seconds.get("setup", 0.0),
         "race": seconds.get("race", 0.0),
         "probe": seconds.get("probe", 0.0),
         "report": seconds.get("report", 0.0),

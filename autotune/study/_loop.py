@@ -23,6 +23,7 @@ from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
+from autotune.study._probes import INPUT_BOUND, LoaderProbes, prediction_error
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
@@ -55,12 +56,13 @@ class TrialLoop:
         identity: Hostname and device attributes recorded on each trial.
         clock: The study's clock: its deadline, when it has a budget, and the seconds of its parts.
         top_k: Finalists the race after the search will run (its predicted cost is kept free).
+        probes: Probe the loader and the step apart when a trial waits on its input (``_probes``).
     """
 
     def __init__(self, *, study: optuna.Study, space: SearchSpace, storage: Any, runner: TrialRunner,
                  references: References, n_trials: int, timeout: Optional[float], started: float,
                  prune_below: Optional[float], seed: int, identity: dict[str, str],
-                 clock: Optional[StudyClock] = None, top_k: int = 0) -> None:
+                 clock: Optional[StudyClock] = None, top_k: int = 0, probes: bool = True) -> None:
         self.study = study
         self.space = space
         self.storage = storage
@@ -74,6 +76,7 @@ class TrialLoop:
         self.identity = identity
         self.clock = clock or StudyClock()
         self.top_k = top_k
+        self.probes = LoaderProbes(study=study, space=space, runner=runner, clock=self.clock, seed=seed) if probes else None
         self.budget_note = ""  # why the budget ended the search, when it did
         self.ran: list[int] = []  # trials this loop ran a process for (the time split reads their records)
         self.sampler_done = False
@@ -88,6 +91,7 @@ class TrialLoop:
         study, ruled_out, infra, over_budget = self.study, 0, 0, 0
         ui.set_best(_best_record(study))
         ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
+        self._probe_if_input_bound(ui)  # trial 0, the reference run, may already wait on its input
         while not self.sampler_done:
             self._recover_stale()
             if self.finished_count() >= self.n_trials:
@@ -104,6 +108,8 @@ class TrialLoop:
                 ui.status("every config of the space has been measured")
                 break
             ended = self._run_one(ui)
+            if ended == "ok":
+                self._probe_if_input_bound(ui)
             infra = infra + 1 if ended == "infra" else 0
             if infra >= INFRA_LIMIT:
                 # Not the last trial's: that is the failed one's retry, still waiting.
@@ -118,6 +124,18 @@ class TrialLoop:
             over_budget = over_budget + 1 if ended == OVER_BUDGET else 0
             if over_budget >= OVER_BUDGET_LIMIT or ended == "budget":
                 break
+
+    def _probe_if_input_bound(self, ui: _Progress) -> None:
+        """When the best trial so far waits on its input, measure its loader variants apart (``_probes``)
+        and enqueue the one they predict fastest, instead of walking the loader knobs by full trials."""
+        best = _best_record(self.study)
+        if self.probes is None or best is None or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return
+        attrs = self.study.trials[best.number].user_attrs
+        if (attrs.get("data_wait_fraction") or 0.0) < INPUT_BOUND or not attrs.get("extra:loader_built"):
+            return  # not input-bound, or its loader is not ctx.loader's (a probe could not isolate it)
+        keep = race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0
+        self.probes.run(best.config, best.throughput, ui, keep=keep)
 
     def _out_of_budget(self) -> bool:
         """Under a budget: whether not even the shortest run fits beside the race any more. Checked before
@@ -360,6 +378,9 @@ class TrialLoop:
             for key, value in measurement_attrs(m).items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr("throughput_spread", m.spread)
+            error = prediction_error({**trial.user_attrs, "throughput": m.throughput, "status": "ok"})
+            if error is not None:
+                trial.set_user_attr("prediction_error", round(error, 4))
             trial.set_user_attr("accuracy_loss", verdict.accuracy_loss)
             record_verdict(trial, verdict.label, verdict.evidence)
             trial.set_constraint("failure", 0.0)

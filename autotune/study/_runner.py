@@ -45,7 +45,7 @@ class TrialRunner:
         self.mps = mps
 
     def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
-             prune_below: Optional[float] = None) -> TrialSpec:
+             prune_below: Optional[float] = None, probe: Optional[str] = None) -> TrialSpec:
         return TrialSpec(
             target=self.target,
             config=config,
@@ -54,6 +54,7 @@ class TrialRunner:
             baseline_batch_size=self.baseline.global_batch_size,
             memory_limit_gib=self.memory_limit_gib,
             prune_below=prune_below,
+            probe=probe,
             env=self._env(config),
         )
 
@@ -74,9 +75,10 @@ class TrialRunner:
         return self.mps.client_env(enabled=config.mps, no_mps_dir=self.logdir.parent / "mps" / "off")
 
     def run(self, config: TrialConfig, workdir: str, *, seed: int, budget: Optional[Budget] = None,
-            prune_below: Optional[float] = None, timeout: Optional[float] = None) -> TrialOutcome:
-        """Run ``config`` with its log in ``logdir/workdir``."""
-        spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below)
+            prune_below: Optional[float] = None, timeout: Optional[float] = None,
+            probe: Optional[str] = None) -> TrialOutcome:
+        """Run ``config`` with its log in ``logdir/workdir`` (``probe``: one side of it alone, see ``_probes``)."""
+        spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below, probe=probe)
         run = run_copies if config.processes_per_gpu > 1 else run_isolated
         return run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
                    compile_timeout=self.compile_timeout)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import itertools
 import math
 import time
 from collections.abc import Mapping
@@ -39,6 +40,16 @@ class TrialPruned(Exception):
     """Raised inside a trial stopped early as hopeless; the partial measurement is kept."""
 
 
+class ProbeDone(Exception):
+    """Raised inside a loader probe once its windows are measured: the rest of ``train_fn`` is not run."""
+
+
+PROBE_KINDS = ("loader", "step")
+# A step probe keeps this many real batches on the device and replays them: enough to vary the inputs
+# a little, few enough that fetching them is a small part of the probe.
+STEP_PROBE_BATCHES = 4
+
+
 class TrialContext:
     """What ``train_fn(ctx)`` gets: ``ctx.config`` and helpers that apply it.
 
@@ -64,8 +75,12 @@ class TrialContext:
         baseline_batch_size: Optional[int] = None,
         device: Optional[torch.device] = None,
         prune_below: Optional[float] = None,
+        probe: Optional[str] = None,
     ) -> None:
         self.config = config
+        # A probe measures one side of the trial apart (see ``autotune.study._probes``): "loader" iterates
+        # the input pipeline alone and ends at ctx.loader; "step" replays a few batches through the step.
+        self.probe = probe
         self.prune_below = prune_below
         self.budget = budget
         self.seed = seed
@@ -121,6 +136,8 @@ class TrialContext:
         """Move to the device, apply channels_last and torch.compile as configured."""
         # Whether channels_last can matter (image layers): the search and the hints read it.
         self.extras.setdefault("activations_4d", has_4d_activations(module))
+        if self.probe == "loader":
+            return module  # a loader probe never steps the model: no device copy, no compile
         return _knobs.prepare_model(module, self.config, self.device)
 
     def ddp(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -205,6 +222,11 @@ class TrialContext:
             options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle, rank=self.rank,
                                            world_size=self.world_size)
         options.update(kwargs)
+        self.extras["loader_built"] = True  # ctx.loader is in use: the loop may probe the loader apart
+        if self.probe == "loader":
+            loader = self._device_loader(dataset, options) if cfg.loader == "device" else \
+                torch.utils.data.DataLoader(dataset, **options)
+            self._measure_loader(loader)  # raises ProbeDone
         if cfg.loader == "device":
             return self._device_loader(dataset, options)
         if self.budget is not None and options["num_workers"] == 0:
@@ -212,6 +234,34 @@ class TrialContext:
             share = cfg.device_data_share
             self.extras["device_loader"] = _resident.refusal(dataset, share=share, device=self.device) or "ok"
         return torch.utils.data.DataLoader(dataset, **options)
+
+    def _measure_loader(self, loader: Iterable[Any]) -> None:
+        """A loader probe: the trial's warm-up and timed windows of batches from ``loader`` alone (no model
+        step, no device copy), recorded as the trial's windows; then ``ProbeDone`` ends the trial."""
+        steps, warmup, window_steps = self._plan()
+        # Past the workers' start and their first prefetch, so the windows see the steady rate.
+        warmup = max(warmup, 2 + self.config.num_workers * (self.config.prefetch_factor or 2))
+        iterator = iter(loader)
+
+        def fetch() -> Any:
+            nonlocal iterator
+            try:
+                return next(iterator)
+            except StopIteration:
+                iterator = iter(loader)
+                return next(iterator)
+
+        for _ in range(max(1, warmup)):
+            fetch()
+        for _ in range(self.budget.windows if self.budget else 3):
+            self.recorder.begin_window()
+            for _ in range(window_steps):
+                began = time.perf_counter()
+                samples = batch_length(fetch())
+                self.recorder.add(samples, time.perf_counter() - began)
+            self.recorder.end_window()
+        self.extras["probe"] = "loader"
+        raise ProbeDone("the loader probe measured its windows")
 
     def _device_loader(self, dataset: Any, options: dict[str, Any]) -> _resident.DeviceLoader:
         """``loader=device``: the dataset on the device, batched as the DataLoader of ``options`` would."""
@@ -371,6 +421,16 @@ class TrialContext:
                 yield self._move(batch)
             return
         clock = StepClock(self)
+        if self.probe == "step":
+            # A step probe: a few real batches kept on the device and replayed, so no step waits on the loader.
+            source = iter(loader)
+            kept = [self._move(b) for b in itertools.islice(source, STEP_PROBE_BATCHES)]
+            del source  # its workers stop: nothing else is read from the loader
+            if not kept:
+                raise KnobError(f"the loader yields no batch of {self.config.batch_size}")
+            self.extras["probe"] = "step"
+            self.extras["probe_batches"] = len(kept)
+            loader = _Replay(kept)
         iterator = iter(loader)
         order = _resumable_order(loader)
         restart_at = clock.warmup // 2 if clock.warmup >= 2 and order is not None else None
@@ -395,7 +455,7 @@ class TrialContext:
                             f"the loader yields no batch of {self.config.batch_size} (is the dataset smaller than "
                             "the batch? ctx.loader drops incomplete batches)"
                         ) from None
-                batch = self._move(batch)
+                batch = self._move(batch) if self.probe != "step" else batch
                 clock.fetched()
                 yield batch
                 samples = batch_length(batch)
@@ -766,3 +826,13 @@ def batch_length(batch: Any) -> int:
         except TypeError:
             continue
     raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+class _Replay:
+    """Batches already on the device, yielded in turn for as long as a step probe asks."""
+
+    def __init__(self, batches: list[Any]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.cycle(self.batches)

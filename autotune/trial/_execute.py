@@ -47,6 +47,7 @@ class TrialSpec:
     memory_limit_gib: Optional[float] = None
     env: Optional[dict[str, str]] = None
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
+    probe: Optional[str] = None  # "loader" or "step": measure that side of the trial alone (trial/_context)
 
 
 # Set by the launcher on every rank of a trial of several processes (its value: the ranks). torch's own
@@ -112,7 +113,7 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
     import torch
 
     from autotune.trial import _compile_cache, _distributed, _knobs, _phase
-    from autotune.trial._context import TrialContext, TrialPruned
+    from autotune.trial._context import ProbeDone, TrialContext, TrialPruned
 
     start = time.perf_counter()
     if spec.config.compile != "off":
@@ -141,13 +142,19 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
                 baseline_batch_size=spec.baseline_batch_size,
                 device=device,
                 prune_below=spec.prune_below,
+                probe=spec.probe,
             )
             try:
                 returned = fn(ctx)
+            except ProbeDone:
+                return TrialOutcome("ok", ctx.measurement(), run_seconds=time.perf_counter() - start)
             except TrialPruned as pruned:
                 # Hopeless: keep what the first window measured, so the sampler and the dashboard see it.
                 return TrialOutcome("pruned", ctx.measurement(), error=str(pruned),
                                     run_seconds=time.perf_counter() - start)
+            if spec.probe == "loader":
+                raise WorkloadError("a loader probe needs train_fn to build its loader with ctx.loader or "
+                                    "ctx.image_loader; it returned without one")
             if returned is not None:
                 if isinstance(returned, (int, float)) and not isinstance(returned, bool) and ctx.metric is None:
                     ctx.report_metric(returned)  # a returned number is taken as the metric

@@ -1,0 +1,155 @@
+"""Measuring the input pipeline and the device step apart, and predicting a full trial from both.
+
+A full trial measures the loader and the model together, so tuning the loader by full trials compiles and
+runs a model that mostly waits. When a trial waits on its input (``INPUT_BOUND``), the loop instead probes:
+
+- a *loader probe* per loader variant of the incumbent (each other value of each loader knob): the user's
+  ``train_fn`` runs up to ``ctx.loader``, whose loader is iterated alone for the trial's warm-up and
+  windows, with no model step, no compile and no device work (``trial/_context``);
+- one *step probe* of the incumbent: a few real batches kept on the device and replayed through the same
+  step, so no step waits on the loader.
+
+A variant's throughput is predicted as ``min(loader rate, step rate) x correction`` (tf.data's and
+DS-Analyzer's model: the slower side sets the pace), where the correction is the median of measured /
+predicted over the full trials predicted so far (1 before any). The best predicted variant, if it beats the
+incumbent by more than ``WORTH``, is enqueued as the next full trial; that trial keeps its prediction, and
+the error is recorded beside its measurement. Probes never make a headline number: the speed-up comes from
+full trials, and a probe's loss trajectory feeds no verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any, Optional
+
+import optuna
+
+from autotune._config import TrialConfig
+from autotune.search._space import SearchSpace
+from autotune.study._budget import MIN_RUN_S, StudyClock
+from autotune.study._progress import _Progress
+from autotune.study._runner import TrialRunner
+
+PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
+PREDICTED = "predicted_throughput"  # trial attribute of a trial enqueued from probes
+INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
+WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
+MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
+LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig]:
+    """The incumbent with one loader knob moved to each of its other values, runnable here, the most
+    likely levers first (the loader backend, then the workers)."""
+    variants: list[TrialConfig] = []
+    for knob in LOADER_KNOBS:
+        spec = space.knobs.get(knob)
+        if spec is None:
+            continue
+        for value in spec.values:
+            if value == getattr(config, knob):
+                continue
+            candidate = config.replace(**{knob: value})
+            if space.cannot_run(candidate.to_dict()) or candidate in variants:
+                continue
+            variants.append(candidate)
+    return variants[:MAX_LOADER_PROBES]
+
+
+def correction(study: optuna.Study) -> float:
+    """Median measured / predicted over the full trials that had a prediction (1.0 before any)."""
+    ratios = [t.user_attrs["throughput"] / t.user_attrs[PREDICTED] for t in study.get_trials(deepcopy=False)
+              if t.user_attrs.get(PREDICTED) and t.user_attrs.get("status") == "ok" and t.user_attrs.get("throughput")]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:
+    """A full trial's samples/s from its loader's and its step's, measured apart."""
+    rates = [r for r in (loader_rate, step_rate) if r]
+    return min(rates) * factor if rates else None
+
+
+def _key(config: TrialConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True, default=str)
+
+
+class LoaderProbes:
+    """Runs the probes of one input-bound incumbent and enqueues the variant they predict best.
+
+    Args:
+        study: The study (probes are stored in its ``PROBES`` attribute).
+        space: The space restricted to this machine.
+        runner: Runs the probe processes.
+        clock: The study's clock (each probe fits or is skipped; their seconds are the ``probes`` part).
+        seed: The trials' seed.
+    """
+
+    def __init__(self, *, study: optuna.Study, space: SearchSpace, runner: TrialRunner, clock: StudyClock,
+                 seed: int) -> None:
+        self.study = study
+        self.space = space
+        self.runner = runner
+        self.clock = clock
+        self.seed = seed
+
+    def _done(self) -> dict[str, dict[str, Any]]:
+        return {f"{p['kind']}:{p['config_key']}": p for p in self.study.user_attrs.get(PROBES, [])}
+
+    def _probe(self, kind: str, config: TrialConfig, ui: _Progress, keep: float) -> Optional[float]:
+        done = self._done()
+        key = _key(config)
+        if f"{kind}:{key}" in done:
+            return done[f"{kind}:{key}"]["rate"]
+        if self.clock.budgeted and not self.clock.fits(MIN_RUN_S, keep=keep):
+            return None
+        ui.status(f"{kind} probe: {config.describe()}")
+        with self.clock.part("probes"):
+            outcome = self.runner.run(config, f"probe-{kind}-{len(done)}", seed=self.seed, probe=kind,
+                                      timeout=self.clock.cap(self.runner.timeout, keep=keep))
+        rate = outcome.measurement.throughput if outcome.ok and outcome.measurement is not None else None
+        record = {"kind": kind, "config": config.to_dict(), "config_key": key, "rate": rate,
+                  "seconds": round(outcome.wall_seconds, 3), "status": outcome.status,
+                  "data_wait_fraction": outcome.measurement.data_wait_fraction if outcome.measurement else None,
+                  "steps": outcome.measurement.steps if outcome.measurement else None,
+                  "extras": dict(outcome.measurement.extras) if outcome.measurement else {}}
+        self.study.set_user_attr(PROBES, [*self.study.user_attrs.get(PROBES, []), record])
+        ui.say(f"  probe   {kind:<7} {rate or 0:>10,.1f}/s  {config.describe()}"
+               + ("" if outcome.ok else f"  [{outcome.status}: {outcome.error[:120]}]"))
+        return rate
+
+    def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0
+            ) -> Optional[TrialConfig]:
+        """Probe the incumbent's step and its loader variants; enqueue the best predicted variant.
+
+        Returns the enqueued config, or None (no variant predicted worth a full trial, or no time)."""
+        variants = [v for v in loader_variants(self.space, incumbent) if not self._measured(v)]
+        if not variants:
+            return None
+        step_rate = self._probe("step", incumbent, ui, keep)
+        factor = correction(self.study)
+        best: Optional[tuple[float, TrialConfig]] = None
+        for variant in variants:
+            predicted = predict(self._probe("loader", variant, ui, keep), step_rate, factor)
+            if predicted is not None and (best is None or predicted > best[0]):
+                best = (predicted, variant)
+        if best is None or best[0] < WORTH * incumbent_rate:
+            return None
+        predicted, variant = best
+        self.study.enqueue_trial(self.space.asked_params(variant.to_dict()),
+                                 user_attrs={PREDICTED: round(predicted, 3), "predicted_from": "probes"})
+        ui.say(f"  probes predict {predicted:,.1f}/s for {variant.describe()} (loader and step measured apart; "
+               f"correction x{factor:.2f}): its full trial is next")
+        return variant
+
+    def _measured(self, config: TrialConfig) -> bool:
+        key = self.space.asked_params(config.to_dict())
+        return any(t.params == key for t in self.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE")
+
+
+def prediction_error(attrs: dict[str, Any]) -> Optional[float]:
+    """measured / predicted - 1 of a full trial enqueued from probes (None for any other trial)."""
+    predicted, measured = attrs.get(PREDICTED), attrs.get("throughput")
+    if not predicted or not measured or attrs.get("status") != "ok":
+        return None
+    return measured / predicted - 1.0

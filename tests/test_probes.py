@@ -1,0 +1,98 @@
+"""Loader and step probes in real studies: each side measured apart, a prediction, and a full trial to confirm.
+
+The workload's Dataset does per-sample Python work, so the tiny model waits on its input: the loop probes
+the loader variants of the incumbent alone and its step alone, and enqueues the variant they predict fastest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune import Tuner
+from autotune._config import TrialConfig
+from autotune.study._isolation import run_isolated
+from autotune.study._probes import PREDICTED, PROBES, loader_variants, predict
+from autotune.search._space import parse_space
+from autotune.trial._execute import TrialSpec
+from autotune._config import Budget
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+WORKLOADS = Path(__file__).parent / "workloads.py"
+SPACE = """\
+knobs:
+  num_workers: [0, 1, 2]
+  cpu_threads: [1]
+baseline: {batch_size: 32, num_workers: 0, cpu_threads: 1}
+budget: {samples: 2048, warmup_steps: 2, windows: 3}
+"""
+
+
+def _spec(probe, **config) -> TrialSpec:
+    return TrialSpec(target=f"{WORKLOADS}:train_input_bound", config=TrialConfig(batch_size=32, cpu_threads=1, **config),
+                     budget=Budget(samples=2048, warmup_steps=2, windows=3), probe=probe)
+
+
+def test_a_loader_probe_never_steps_the_model_and_a_step_probe_never_waits_on_the_loader(tmp_path):
+    loader = run_isolated(_spec("loader"), workdir=tmp_path / "loader", timeout=120)
+    assert loader.ok, loader.error
+    m = loader.measurement
+    assert m.extras["probe"] == "loader" and "forward_calls" not in m.extras and m.steps == 0
+    assert m.throughput > 0 and len(m.window_throughputs) == 3 and m.data_wait_fraction > 0.9
+
+    step = run_isolated(_spec("step"), workdir=tmp_path / "step", timeout=120)
+    assert step.ok, step.error
+    s = step.measurement
+    assert s.extras["probe"] == "step" and s.extras["probe_batches"] == 4
+    assert s.steps == 2048 // 32 and s.extras["forward_calls"] == s.steps + 1  # every step, then the evaluation
+    assert s.data_wait_fraction < 0.1 < m.data_wait_fraction
+    assert s.throughput > 2 * m.throughput  # the step outruns the loader: the workload is input-bound
+
+    full = run_isolated(_spec(None), workdir=tmp_path / "full", timeout=120)
+    assert full.ok and full.measurement.data_wait_fraction > 0.5
+    # The full trial runs at about the slower side's pace.
+    assert predict(m.throughput, s.throughput) == pytest.approx(full.measurement.throughput, rel=0.5)
+
+
+def test_a_loader_probe_of_a_train_fn_without_ctx_loader_is_an_error(tmp_path):
+    spec = TrialSpec(target=f"{WORKLOADS}:no_window", config=TrialConfig(batch_size=32), budget=Budget(samples=256),
+                     probe="loader")
+    outcome = run_isolated(spec, workdir=tmp_path, timeout=60)
+    assert outcome.status == "error" and "needs train_fn to build its loader with ctx.loader" in outcome.error
+
+
+def test_an_input_bound_study_probes_the_loader_apart_and_confirms_the_prediction(tmp_path, cpu_caps):
+    (tmp_path / "space.yaml").write_text(SPACE)
+    result = Tuner(f"{WORKLOADS}:train_input_bound", space=tmp_path / "space.yaml", n_trials=4,
+                   storage=f"sqlite:///{tmp_path}/s.db", studies_dir=tmp_path / "studies", progress=False,
+                   plots=False, capabilities=cpu_caps, reference_repeats=1, top_k=0, prune_below=None,
+                   study_name="p").run()
+    study = optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path}/s.db")
+    probes = study.user_attrs[PROBES]
+    kinds = sorted(p["kind"] for p in probes)
+    assert kinds.count("step") >= 1 and kinds.count("loader") >= 1  # a step probe per input-bound incumbent
+    for probe in probes:
+        assert probe["status"] == "ok" and probe["rate"] > 0
+        if probe["kind"] == "loader":
+            assert "forward_calls" not in probe["extras"] and probe["steps"] == 0
+    predicted = [t for t in study.trials if t.user_attrs.get(PREDICTED)]
+    assert predicted, [t.user_attrs.get("config") for t in study.trials]
+    trial = predicted[0]
+    assert trial.user_attrs["status"] == "ok" and TrialConfig.from_dict(trial.user_attrs["config"]).num_workers > 0
+    error = trial.user_attrs["prediction_error"]
+    assert error == pytest.approx(trial.user_attrs["throughput"] / trial.user_attrs[PREDICTED] - 1, abs=1e-3)
+    assert result.best.config.num_workers > 0  # the workers the probes found beat the baseline's none
+    split = study.user_attrs["time_split"]
+    assert split["parts"]["probes"] > 0 and abs(sum(split["parts"].values()) - split["wall"]) <= 0.05 * split["wall"]
+
+
+def test_loader_variants_move_one_loader_knob_each():
+    space = parse_space({"knobs": {"num_workers": [0, 2, 4], "pin_memory": [False, True], "precision": ["fp32", "bf16"]},
+                         "baseline": {"batch_size": 32}})
+    base = space.baseline
+    variants = loader_variants(space, base)
+    assert sorted((v.num_workers, v.pin_memory) for v in variants) == [(0, True), (2, False), (4, False)]
+    assert all(v.precision == base.precision for v in variants)
