@@ -108,3 +108,20 @@ def train_cnn(ctx) -> None:
     with torch.no_grad(), ctx.autocast():
         correct = (model(test_x).argmax(-1) == test_y).float().mean().item()
     ctx.report_metric(correct)
+
+
+def train_lm_host(ctx) -> None:
+    """``train_lm`` with its sequences held in host memory as a map-style Dataset read through ``ctx.loader``:
+    the DataLoader's per-sample indexing and collation is then the ceiling, and ``loader: device`` lifts it."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(GPT(LM_SHAPE))
+    optimizer = ctx.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3, weight_decay=0.01)
+    step = ctx.train_step(model, optimizer, _lm_loss)
+    pool = _streams(POOL, seed=ctx.seed, device=torch.device("cpu"))
+    for ids, targets in ctx.batches(ctx.loader(torch.utils.data.TensorDataset(pool[:, :-1], pool[:, 1:]))):
+        step(ids, targets)
+    test = _streams(64, seed=10_000, device=ctx.device)
+    model.eval()
+    with torch.no_grad(), ctx.autocast():
+        correct = (model(test[:, :-1]).argmax(-1) == test[:, 1:]).float().mean().item()
+    ctx.report_metric(correct)

@@ -1,0 +1,81 @@
+"""The input pipeline and the device step measured apart, against full trials, on a tiny in-memory LM.
+
+    python -m benchmarks.runners.decomposed_h200 OUT_DIR [--samples N]
+
+The workload (``benchmarks/workloads/colocation.py:train_lm_host``) keeps 4,096 sequences of 64 tokens in
+host memory as a map-style Dataset read through ``ctx.loader``. For each loader config (the DataLoader with
+0, 4 and 8 workers, and ``loader: device``), at bf16 and the default ``fixed`` batch of 256, it runs a full
+trial, a loader probe and a step probe, each an isolated trial process, and writes
+``OUT_DIR/decomposed.json`` and ``OUT_DIR/decomposed.md``: the measured rates, the prediction
+min(loader, step) and its error against the full trial. ``AUTOTUNE_BENCH_SIZE=tiny`` runs it on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+from pathlib import Path
+
+from autotune._config import Budget, TrialConfig
+from autotune.hardware import probe
+from autotune.study._isolation import run_isolated
+from autotune.study._probes import predict
+from autotune.trial._execute import TrialSpec
+
+TARGET = "benchmarks.workloads.colocation:train_lm_host"
+LOADERS = {"torch, 0 workers": dict(num_workers=0), "torch, 4 workers": dict(num_workers=4),
+           "torch, 8 workers": dict(num_workers=8, pin_memory=True), "device": dict(loader="device")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--samples", type=int, default=65_536)
+    parser.add_argument("--batch", type=int, default=256)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    caps = probe()
+    precision = "bf16" if caps.cuda else "fp32"
+    budget = Budget(samples=args.samples, warmup_steps=5, windows=3)
+    rows = []
+    for name, knobs in LOADERS.items():
+        config = TrialConfig(precision=precision, batch_size=args.batch, **knobs)
+        rates = {}
+        for kind in (None, "loader", "step"):
+            spec = TrialSpec(target=TARGET, config=config, budget=budget, seed=0, probe=kind)
+            outcome = run_isolated(spec, workdir=args.out / "logs" / f"{name.replace(' ', '').replace(',', '-')}-{kind or 'full'}",
+                                   timeout=300)
+            m = outcome.measurement
+            rates[kind or "full"] = {"status": outcome.status, "error": outcome.error,
+                                     "rate": m.throughput if m else None, "windows": list(m.window_throughputs) if m else [],
+                                     "data_wait": m.data_wait_fraction if m else None, "wall": outcome.wall_seconds}
+            print(name, kind or "full", outcome.status, m and round(m.throughput), flush=True)
+        predicted = predict(rates["loader"]["rate"], rates["step"]["rate"])
+        full = rates["full"]["rate"]
+        rows.append({"pipeline": name, "config": config.to_dict(), **rates, "predicted": predicted,
+                     "prediction_error": full / predicted - 1 if full and predicted else None})
+    (args.out / "decomposed.json").write_text(json.dumps(rows, indent=1, default=str))
+    best_torch = max(r["full"]["rate"] or 0 for r in rows if r["pipeline"] != "device")
+    device = next(r["full"]["rate"] or 0 for r in rows if r["pipeline"] == "device")
+
+    def spread(values: list[float]) -> str:
+        return f"{(max(values) - min(values)) / sorted(values)[len(values) // 2]:.1%}" if values else "-"
+
+    lines = [f"Date {datetime.date.today()}; {caps.gpu_name or 'CPU'}; torch {caps.torch}; Python {platform.python_version()}; "
+             f"{precision}, batch {args.batch}, {args.samples:,} samples per run, 3 timed windows.", "",
+             "| loader | full trial seq/s (window spread) | data wait | loader probe seq/s | step probe seq/s | predicted | error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        f, lo, st = r["full"], r["loader"], r["step"]
+        lines.append(f"| {r['pipeline']} | {f['rate'] or 0:,.0f} ({spread(f['windows'])}) | {f['data_wait'] or 0:.0%} | "
+                     f"{lo['rate'] or 0:,.0f} | {st['rate'] or 0:,.0f} | {r['predicted'] or 0:,.0f} | "
+                     f"{(r['prediction_error'] or 0):+.1%} |")
+    lines += ["", f"`loader: device` against the best DataLoader config: {device / best_torch:.2f}x."]
+    (args.out / "decomposed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
