@@ -1,4 +1,5 @@
-"""The README's training example is ``examples/train.py``, and it tunes for real through ``autotune tune``."""
+"""The documentation's training example (``docs/training-function.md``) is ``examples/train.py``, and it tunes for
+real through ``autotune tune``."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ budget: {samples: 1024, warmup_steps: 1, windows: 3}
 """
 
 
-def test_the_readme_shows_the_example_file_as_it_is() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def test_the_docs_show_the_example_file_as_it_is() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "training-function.md").read_text(), flags=re.S)
     shown = [b for b in blocks if b.startswith("# examples/train.py")]
-    assert len(shown) == 1, "the README shows examples/train.py once, starting with its first line"
+    assert len(shown) == 1, "docs/training-function.md shows examples/train.py once, starting with its first line"
     assert shown[0] == EXAMPLE.read_text()
 
 
