@@ -85,6 +85,9 @@ def test_an_input_bound_study_probes_the_loader_apart_and_confirms_the_predictio
     error = trial.user_attrs["prediction_error"]
     assert error == pytest.approx(trial.user_attrs["throughput"] / trial.user_attrs[PREDICTED] - 1, abs=1e-3)
     assert result.best.config.num_workers > 0  # the workers the probes found beat the baseline's none
+    from autotune.insight._report import summary_lines
+
+    assert f"predicted full trials #{trial.number} {error:+.0%}" in "\n".join(summary_lines(study, {}))
     split = study.user_attrs["time_split"]
     assert split["parts"]["probes"] > 0 and abs(sum(split["parts"].values()) - split["wall"]) <= 0.05 * split["wall"]
 

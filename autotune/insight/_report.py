@@ -170,6 +170,13 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
             text += f"; over {confirmation['samples']:,} samples it loses {confirmation['accuracy_loss']:+.4f}"
         lines.append(text + ".")
     lines.extend(accuracy_lines(study, best.number if best is not None else None))
+    errors = [(t.number, t.user_attrs["prediction_error"]) for t in study.get_trials(deepcopy=False)
+              if isinstance(t.user_attrs.get("prediction_error"), (int, float))]
+    if errors:
+        probes = attrs.get("probes") or []
+        lines.append(f"Probes: {sum(p.get('kind') == 'loader' for p in probes)} loader and "
+                     f"{sum(p.get('kind') == 'step' for p in probes)} step probes; predicted full trials "
+                     + ", ".join(f"#{n} {e:+.0%}" for n, e in errors) + " (measured against predicted).")
     race = race_line(attrs.get(CONFIRMATION) or {})
     if race:
         lines.append(race)
