@@ -102,9 +102,11 @@ def _entrants(study: optuna.Study, top_k: int) -> tuple[list[tuple[str, TrialCon
     return entrants, base_key, signature
 
 
-def run_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: Optional[Budget] = None) -> float:
-    """Predicted wall seconds of one race run of ``config`` (its compile now a cached one)."""
-    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+def run_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: Optional[Budget] = None, *,
+                model: Optional[CostModel] = None) -> float:
+    """Predicted wall seconds of one race run of ``config`` (its compile now a cached one); ``model``: the
+    study's cost model when the caller has fitted it already."""
+    model = model or CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
     samples = race_budget(budget, config, rate).samples if budget is not None else None
     return model.predict(config.to_dict(), rate=rate or None, samples=samples)
 
@@ -117,7 +119,8 @@ def race_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = Non
     entrants, base_key, _ = _entrants(study, top_k)
     if len(entrants) < 2:
         return 0.0
-    costs = {key: run_seconds(study, config, rate, budget) for key, config, rate in entrants}
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    costs = {key: run_seconds(study, config, rate, budget, model=model) for key, config, rate in entrants}
     finalists = [key for key, _, _ in entrants if key != base_key]
     leader = max(costs[k] for k in finalists) if finalists else 0.0
     return sum(costs[k] for k in finalists) + leader + BASELINE_RUNS * costs[base_key]
