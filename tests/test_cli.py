@@ -175,7 +175,7 @@ def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path
     assert "allocate" in trial.user_attrs["error"]
     assert trial.constraints["failure"] > 0
 
-    best = cli("best", "cifar-oom", "--storage", url, cwd=tmp_path)
+    best = cli("best", "cifar-oom", "--storage", url, "--format", "json", cwd=tmp_path)
     assert best.returncode == 1  # nothing feasible to print
     assert json.loads(best.stdout)["config"] is None
 
