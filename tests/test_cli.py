@@ -112,6 +112,16 @@ def test_tune_then_best(tmp_path: Path) -> None:
     assert as_json.returncode == 0, as_json.stderr
     doc = json.loads(as_json.stdout)
     assert doc["config"] == written["config"] and doc["study"] == "cli-tiny"
+    assert doc["written"] == written["written"]  # when the file was written, not when it is printed
+    assert "per GPU" not in doc["packing"]["what"]  # a CPU study
+
+    text = cli("best", "cli-tiny", "--studies-dir", studies, cwd=tmp_path)  # the default: a few lines
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.strip().splitlines()
+    assert lines[0].startswith("Study cli-tiny, trial #") and len(lines) <= 10, lines
+    assert any(line.startswith("Apply it: ") and str(best_json) in line for line in lines)
+    assert f"Written {written['written']}" in text.stdout and "per GPU" not in text.stdout
+    assert "{" not in text.stdout and text.stderr == ""
 
     as_yaml = cli("best", "cli-tiny", "--storage", url, "--format", "yaml", cwd=tmp_path)
     assert as_yaml.returncode == 0, as_yaml.stderr
@@ -119,6 +129,16 @@ def test_tune_then_best(tmp_path: Path) -> None:
 
     missing = cli("best", "nope", "--storage", url, cwd=tmp_path)
     assert_one_line_error(missing, "no study 'nope'", "cli-tiny")
+
+
+@pytest.mark.parametrize("command", ["best", "report", "dashboard", "spaces"])
+def test_read_commands_describe_every_option(command: str) -> None:
+    from autotune.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    for action in sub._actions:
+        assert action.help, f"autotune {command} {action.option_strings or action.dest}: no help"
 
 
 def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
