@@ -301,7 +301,8 @@ def test_tune_with_a_stated_baseline_uses_it_and_says_where_it_came_from(tmp_pat
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 1, "--top-k", 0, "--study", "stated",
                "--baseline", "batch_size=32,cpu_threads=1", "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    source = "--baseline batch_size=32,cpu_threads=1, the other knobs from the space space"
+    source = ("--baseline batch_size=32,cpu_threads=1, the other knobs from the space space; the global batch from "
+              "--baseline batch_size=32")
     assert f"Baseline fp32 bs32 workers=0 threads=1: from {source}." in proc.stdout
     study = optuna.load_study(study_name="stated", storage=f"sqlite:///{studies}/autotune.db")
     assert study.user_attrs["baseline_config"]["batch_size"] == 32
