@@ -21,6 +21,10 @@ class MissingExtraError(WorkloadError):
     """An optional library that a feature needs is not installed; the message names the extra that installs it."""
 
 
+class InstallError(AutotuneError):
+    """Installed packages that do not work together (e.g. torch and a torchvision built for another torch)."""
+
+
 class StudyError(AutotuneError):
     """A study that cannot be created, resumed or read (e.g. a changed search space)."""
 
@@ -46,5 +50,5 @@ def printable(text: str) -> str:
     return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
 
 
-__all__ = ["AutotuneError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError",
+__all__ = ["AutotuneError", "InstallError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError",
            "WorkloadError"]

@@ -62,6 +62,10 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="the untuned config as your script trains it, e.g. batch_size=32,precision=fp32: it "
                         "overrides the space's baseline (knobs not named keep the space's); under the fixed batch "
                         "policy its batch_size is also the global batch")
+    p.add_argument("--batch-size", type=_positive_int, metavar="N",
+                   help="the global batch your script trains at: the baseline's batch and, under the fixed batch "
+                        "policy, the study's global batch (--baseline batch_size=... or the space's global_batch "
+                        "win over it; default: the batch_size your script passes to ctx.loader, else the space's)")
     p.add_argument("--batch-policy", choices=("fixed", "scale"),
                    help="fixed: every trial keeps the baseline's global batch (the batch knob is the micro-batch, "
                         "gradients accumulate); scale: the global batch follows the batch knob, judged against fp32 "
@@ -101,6 +105,14 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="draw no plots at the end (they take seconds; `autotune report` draws them later)")
     p.add_argument("--grace-period", type=_positive_int, default=60,
                    help="seconds without a heartbeat before another worker's running trial counts as dead (default 60)")
+
+
+def _add_storage_options(p: argparse.ArgumentParser) -> None:
+    """``--storage`` and ``--studies-dir``, for the commands that read a study."""
+    p.add_argument("--storage", help="the study's Optuna storage URL or journal:PATH (default: "
+                                     "sqlite:///STUDIES_DIR/autotune.db)")
+    p.add_argument("--studies-dir", default="studies",
+                   help="the folder tune wrote to: its autotune.db and <study>/best_config.json (default studies/)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,19 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="tune the built-in demo workload (small CNN on CPU, ResNet-50 on GPU)")
     _add_study_options(demo, trials=8)
 
-    best = sub.add_parser("best", help="print a study's best config")
-    best.add_argument("study")
-    best.add_argument("--storage")
-    best.add_argument("--studies-dir", default="studies")
-    best.add_argument("--format", choices=("json", "yaml"), default="json")
+    best = sub.add_parser("best", help="print a study's best config and how to apply it")
+    best.add_argument("study", help="the study's name (tune's --study; default there: the function's name)")
+    _add_storage_options(best)
+    best.add_argument("--format", choices=("text", "json", "yaml"), default="text",
+                      help="text: the config and how to apply it, in a few lines (default); json or yaml: the "
+                           "whole best_config document")
 
     report = sub.add_parser("report", help="write studies/<study>/report.html with plots and each trial's diagnosis")
-    report.add_argument("study")
-    report.add_argument("--storage")
-    report.add_argument("--studies-dir", default="studies")
+    report.add_argument("study", help="the study's name (tune's --study; default there: the function's name)")
+    _add_storage_options(report)
 
     spaces = sub.add_parser("spaces", help="list the built-in search spaces and validate them (or the given files)")
-    spaces.add_argument("paths", nargs="*")
+    spaces.add_argument("paths", nargs="*", metavar="SPACE.yaml",
+                        help="search space files to validate (default: the built-in spaces)")
 
     sim = sub.add_parser("simulate", help="replay search strategies against a table of recorded measurements")
     sim.add_argument("table", metavar="TABLE.jsonl")
@@ -171,9 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
-    dash.add_argument("--storage")
-    dash.add_argument("--studies-dir", default="studies")
-    dash.add_argument("--port", type=int, default=8080)
+    _add_storage_options(dash)
+    dash.add_argument("--port", type=int, default=8080, help="port to serve on (default 8080)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     dash.add_argument("--allow-edits", action="store_true",
                       help="let the page change studies (rename, delete, tell trials, notes, artifacts); by default "
@@ -194,7 +206,7 @@ _TUNER_OPTIONS = {
     "metric_direction": "metric_direction", "confirm_samples": "confirm_samples", "seed": "seed", "top_k": "top_k",
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
-    "baseline": "baseline", "nproc_per_trial": "processes_per_trial", "mps": "mps",
+    "baseline": "baseline", "nproc_per_trial": "processes_per_trial", "mps": "mps", "batch_size": "batch_size",
 }
 
 
@@ -482,25 +494,59 @@ def _say_accuracy(say: Any, result: Any) -> None:
 
 def _best(args: argparse.Namespace) -> int:
     from autotune._api import load_study_result
-    from autotune.study._results import best_config_document
+    from autotune._records import study_dir
+    from autotune.study._results import best_config_document, written_at
 
     study, result = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
-    doc = best_config_document(study, result)
+    path = study_dir(study.study_name, Path(args.studies_dir)) / "best_config.json"
+    doc = best_config_document(study, result, written=written_at(path))
     paste = _paste(doc)
     if paste:
         doc["paste"] = {paste[0]: paste[1]}
     doc = _finite(doc)
-    if doc.get("packing"):
-        print(f"packing: {doc['packing']['what']}", file=sys.stderr)  # in words, beside the document on stdout
-    if doc.get("input_pipeline"):
-        print(f"input pipeline: {doc['input_pipeline']}", file=sys.stderr)
-    if args.format == "yaml":
+    if args.format == "text":
+        print("\n".join(best_summary(doc, path)))
+    elif args.format == "yaml":
         import yaml
 
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     else:
         print(json.dumps(doc, indent=2, default=str))
     return 0 if result.best is not None else 1
+
+
+def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
+    """``autotune best``'s lines: the config, what it changes, its verdict and how to apply it."""
+    study = doc["study"]
+    if doc.get("config") is None:
+        return [f"Study {study}: no feasible config was found; see the trials' failures in "
+                f"`autotune report {study}`."]
+    base = (doc.get("baseline") or {}).get("config") or {}
+    changed = [f"{k}: {base.get(k)} -> {v}" for k, v in doc["config"].items() if base.get(k) != v]
+    speedup = doc.get("speedup")
+    lines = [f"Study {study}, trial #{doc['trial']}: {doc.get('verdict')}"
+             + (f" ({speedup:.2f}x the baseline)" if isinstance(speedup, (int, float)) else ""),
+             "Changes: " + ("; ".join(changed) if changed else "none (the baseline is the best)")]
+    policy = doc.get("batch_policy") or {}
+    if policy:
+        lines.append(f"Batch: global {policy.get('global_batch')} = micro-batch {policy.get('micro_batch')} x "
+                     f"{policy.get('accumulation_steps')} accumulated (policy {policy.get('policy')})")
+    packing = doc.get("packing") or {}
+    if packing.get("processes_per_gpu", 1) > 1 or packing.get("mps"):
+        lines.append(f"Packing: {packing['what']}")
+    if doc.get("input_pipeline"):
+        lines.append(f"Input pipeline: {doc['input_pipeline']}")
+    confirmed = doc.get("confirmed") or {}
+    if not confirmed.get("confirmed"):
+        lines.append(f"Not confirmed: {confirmed.get('why')}")
+    lines.append("Apply it: ctx = autotune.TrialContext(config=autotune.load_best(" + repr(str(path)) + ")) and "
+                 "train as in the study (ctx.model, ctx.optimizer, ctx.loader, ctx.train_step)")
+    if doc.get("paste"):
+        kind, arguments = next(iter(doc["paste"].items()))
+        lines.append(f"Or paste into {kind}: " + ", ".join(f"{k}={v!r}" for k, v in arguments.items()))
+    lines.append(f"Written {doc.get('written') or 'never (no best_config.json yet)'}; the whole document: "
+                 f"autotune best {study} --format json")
+    return lines
 
 
 # The trainer adapters record the arguments each trial ran with (autotune.integrations): what to paste.

@@ -16,6 +16,18 @@ if _TESTS not in sys.path:
 
 from autotune.hardware import Capabilities
 
+_ROOT_DB = Path(__file__).resolve().parent.parent / "autotune.db"
+
+
+@pytest.fixture(autouse=True)
+def _no_storage_at_the_repository_root():
+    """No test may leave a study storage (``autotune.db``) at the repository's root."""
+    existed = _ROOT_DB.exists()
+    yield
+    if not existed and _ROOT_DB.exists():
+        _ROOT_DB.unlink()
+        pytest.fail(f"this test wrote {_ROOT_DB.name} at the repository's root; give it a tmp_path storage")
+
 
 @pytest.fixture
 def cpu_caps() -> Capabilities:

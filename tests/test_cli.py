@@ -112,6 +112,16 @@ def test_tune_then_best(tmp_path: Path) -> None:
     assert as_json.returncode == 0, as_json.stderr
     doc = json.loads(as_json.stdout)
     assert doc["config"] == written["config"] and doc["study"] == "cli-tiny"
+    assert doc["written"] == written["written"]  # when the file was written, not when it is printed
+    assert "per GPU" not in doc["packing"]["what"]  # a CPU study
+
+    text = cli("best", "cli-tiny", "--studies-dir", studies, cwd=tmp_path)  # the default: a few lines
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.strip().splitlines()
+    assert lines[0].startswith("Study cli-tiny, trial #") and len(lines) <= 10, lines
+    assert any(line.startswith("Apply it: ") and str(best_json) in line for line in lines)
+    assert f"Written {written['written']}" in text.stdout and "per GPU" not in text.stdout
+    assert "{" not in text.stdout and text.stderr == ""
 
     as_yaml = cli("best", "cli-tiny", "--storage", url, "--format", "yaml", cwd=tmp_path)
     assert as_yaml.returncode == 0, as_yaml.stderr
@@ -119,6 +129,16 @@ def test_tune_then_best(tmp_path: Path) -> None:
 
     missing = cli("best", "nope", "--storage", url, cwd=tmp_path)
     assert_one_line_error(missing, "no study 'nope'", "cli-tiny")
+
+
+@pytest.mark.parametrize("command", ["best", "report", "dashboard", "spaces"])
+def test_read_commands_describe_every_option(command: str) -> None:
+    from autotune.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    for action in sub._actions:
+        assert action.help, f"autotune {command} {action.option_strings or action.dest}: no help"
 
 
 def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
@@ -175,7 +195,7 @@ def test_cifar_example_overflowing_batch_fails_as_oom_and_is_infeasible(tmp_path
     assert "allocate" in trial.user_attrs["error"]
     assert trial.constraints["failure"] > 0
 
-    best = cli("best", "cifar-oom", "--storage", url, cwd=tmp_path)
+    best = cli("best", "cifar-oom", "--storage", url, "--format", "json", cwd=tmp_path)
     assert best.returncode == 1  # nothing feasible to print
     assert json.loads(best.stdout)["config"] is None
 
@@ -281,7 +301,8 @@ def test_tune_with_a_stated_baseline_uses_it_and_says_where_it_came_from(tmp_pat
     proc = cli("tune", f"{WORKLOADS}:train_tiny", "--space", space, "--trials", 1, "--top-k", 0, "--study", "stated",
                "--baseline", "batch_size=32,cpu_threads=1", "--studies-dir", studies, "--no-progress", "--no-plots", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    source = "--baseline batch_size=32,cpu_threads=1, the other knobs from the space space"
+    source = ("--baseline batch_size=32,cpu_threads=1, the other knobs from the space space; the global batch from "
+              "--baseline batch_size=32")
     assert f"Baseline fp32 bs32 workers=0 threads=1: from {source}." in proc.stdout
     study = optuna.load_study(study_name="stated", storage=f"sqlite:///{studies}/autotune.db")
     assert study.user_attrs["baseline_config"]["batch_size"] == 32

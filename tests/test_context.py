@@ -277,3 +277,55 @@ def test_an_iterable_dataset_is_loaded_in_its_own_order_and_cannot_be_shuffled()
     assert torch.cat([x for x, _ in ctx.loader(_Stream(), shuffle=False)]).tolist() == list(range(32))
     with pytest.raises(KnobError, match="shuffle=False"):
         ctx.loader(_Stream())
+
+
+def _pairs(batch: list) -> dict:
+    """A collate_fn of the script's own: a dict, so the test can tell it was kept."""
+    return {"x": torch.stack([x for x, _ in batch]), "y": torch.stack([y for _, y in batch])}
+
+
+def test_loader_rebuilds_the_scripts_own_dataloader_with_the_trials_knobs() -> None:
+    data = _indices(128)
+    plain = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True, collate_fn=_pairs, drop_last=False)
+    config = TrialConfig(batch_size=32, num_workers=2, pin_memory=True, prefetch_factor=4, persistent_workers=True)
+    ctx = TrialContext(config=config, seed=3, device=CPU)
+    loader = ctx.loader(plain)
+    assert loader.dataset is data and loader.collate_fn is _pairs and loader.drop_last is False
+    assert (loader.batch_size, loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (32, 2, 4, True)
+    assert loader.pin_memory is False  # pinning is for a CUDA device
+    assert ctx.extras["script_batch_size"] == 16  # the script's batch, for the study's baseline
+    # Its shuffle became ctx.loader's seeded order: the same samples as from the dataset itself.
+    from_dataset = TrialContext(config=TrialConfig(batch_size=32), seed=3, device=CPU).loader(data)
+    assert torch.cat([b["x"] for b in loader]).tolist() == torch.cat([x for x, _ in from_dataset]).tolist()
+
+
+def test_loader_keeps_a_sequential_or_custom_order_and_refuses_a_batch_sampler() -> None:
+    data = _indices(64)
+    ctx = TrialContext(config=TrialConfig(batch_size=8), seed=3, device=CPU)
+    in_order = ctx.loader(torch.utils.data.DataLoader(data, batch_size=4))
+    assert torch.cat([x for x, _ in in_order]).tolist() == list(range(64))
+    reverse = list(range(63, -1, -1))
+    custom = ctx.loader(torch.utils.data.DataLoader(data, batch_size=4, sampler=reverse))
+    assert custom.sampler is reverse and torch.cat([x for x, _ in custom]).tolist() == reverse
+    batches = torch.utils.data.BatchSampler(range(64), batch_size=4, drop_last=True)
+    with pytest.raises(KnobError, match="own batch_sampler"):
+        ctx.loader(torch.utils.data.DataLoader(data, batch_sampler=batches))
+
+
+def test_a_batch_size_passed_to_loader_is_recorded_and_the_trials_batch_loads() -> None:
+    ctx = TrialContext(config=TrialConfig(batch_size=32), device=CPU)
+    loader = ctx.loader(_indices(128), batch_size=256)
+    assert loader.batch_size == 32 and ctx.extras["script_batch_size"] == 256
+
+
+def test_schedule_lengths_come_from_the_trial_plan() -> None:
+    budget = Budget(samples=1024, warmup_steps=3, windows=3)
+    ctx = TrialContext(config=TrialConfig(batch_size=32, global_batch=128, batch_policy="fixed"), budget=budget,
+                       device=CPU)
+    assert ctx.optimizer_steps == 1024 // 128 and ctx.micro_steps == 4 * ctx.optimizer_steps
+    assert ctx.warmup_steps == 1  # 3 micro-steps, rounded up to a whole optimizer step
+    outside = TrialContext(config=TrialConfig(batch_size=32), device=CPU)
+    with pytest.raises(KnobError, match="build it first"):
+        outside.optimizer_steps
+    outside.loader(_indices(100))
+    assert outside.optimizer_steps == 3 and outside.warmup_steps == 0  # one epoch, the last batch dropped

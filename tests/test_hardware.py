@@ -211,3 +211,47 @@ def test_capabilities_round_trip_the_attention_precisions_and_old_data_still_loa
     old = caps.to_dict()
     del old["attention_precision_unavailable"]  # stored by a version without the field
     assert Capabilities.from_dict(old).attention_precision_unavailable == {}
+
+
+@pytest.mark.parametrize(("versions", "expected"), [
+    ({"torch": "2.14.1", "torchvision": "0.29.1"}, ""),
+    ({"torch": "2.11.0+cu128", "torchvision": "0.26.0+cu128"}, ""),
+    ({"torch": "2.6.0a0+git", "torchvision": "0.21.0a0"}, ""),  # nightlies and source builds
+    ({"torch": "2.14.1", "torchaudio": "2.14.0"}, ""),
+    ({"torch": "1.13.1", "torchvision": "0.14.1"}, ""),  # no pairing checked before torch 2
+    ({"torch": "2.14.1"}, ""),  # no torchvision installed
+    ({"torch": "2.14.1", "torchvision": "0.26.0"}, "pip install 'torchvision==0.29.*'"),
+    ({"torch": "2.11.0", "torchaudio": "2.14.0"}, "pip install 'torchaudio==2.11.*'"),
+])
+def test_install_check_pairs_torch_with_its_companions(versions: dict, expected: str) -> None:
+    from autotune.hardware import install_mismatch
+
+    found = install_mismatch(versions)
+    assert (expected in found) if expected else found == ""
+
+
+def test_a_mismatched_torchvision_stops_the_probe_in_one_line() -> None:
+    from autotune._errors import InstallError
+    from autotune.hardware._machine import VERSIONS_ENV
+
+    env = {**os.environ, VERSIONS_ENV: "torchvision=0.26.0"}  # stands in for the installed torchvision
+    with pytest.raises(InstallError) as info:
+        probe(env=env)
+    message = str(info.value)
+    assert "\n" not in message
+    installed = __import__("importlib.metadata").metadata.version("torch")
+    assert f"torch {installed} and torchvision 0.26.0 are not a matching pair" in message
+    assert "built for torch 2.11" in message and "pip install 'torchvision==0." in message
+
+
+def test_the_cli_stops_on_a_mismatched_pair_in_one_line(tmp_path: Path) -> None:
+    from autotune.hardware._machine import VERSIONS_ENV
+
+    env = {**os.environ, VERSIONS_ENV: "torch=2.14.0,torchvision=0.26.0"}
+    proc = subprocess.run([sys.executable, "-m", "autotune", "tune", f"{WORKLOADS}:train_tiny", "--studies-dir",
+                           tmp_path / "studies", "--no-progress"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "torch 2.14.0 and torchvision 0.26.0 are not a matching pair" in lines[0], lines
+    assert "pip install 'torchvision==0.29.*'" in lines[0]

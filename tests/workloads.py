@@ -76,6 +76,21 @@ def train_tiny(ctx) -> None:
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
 
 
+def train_plain_script(ctx) -> None:
+    """A plain script adapted: it keeps its own batch size (256) and sets a cosine schedule from the context."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.1 * ctx.lr_scale)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=ctx.optimizer_steps)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss(), scheduler=scheduler)
+    for inputs, targets in ctx.batches(ctx.loader(dataset(2048, seed=ctx.seed), batch_size=256)):
+        step(inputs, targets)
+    ctx.record("schedule", {"stepped": scheduler.last_epoch, "optimizer_steps": ctx.optimizer_steps,
+                            "micro_steps": ctx.micro_steps, "warmup_steps": ctx.warmup_steps,
+                            "last_lr": optimizer.param_groups[0]["lr"], "batch_size": ctx.config.batch_size})
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
 def train_oom_at_256(ctx) -> None:
     """Like train_tiny, but batch 256 and up fail the way a too-large batch fails on a GPU."""
     if ctx.config.batch_size >= 256:

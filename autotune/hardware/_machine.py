@@ -10,13 +10,14 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-from autotune._errors import AutotuneError
+from autotune._errors import AutotuneError, InstallError
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,67 @@ def machine_load(*, exclude_pids: Iterable[int] = ()) -> dict[str, Any]:
     finally:
         pynvml.nvmlShutdown()
     return load
+
+
+# "torch=2.14.0,torchvision=0.26.0": stands in for the installed versions that the install check reads (tests).
+VERSIONS_ENV = "AUTOTUNE_VERSIONS"
+# Packages built against one torch release: name -> the torch minor version its own minor version goes with.
+TORCH_COMPANIONS: dict[str, tuple[int, Callable[[int], int]]] = {
+    "torchvision": (0, lambda minor: minor - 15),  # torchvision 0.N goes with torch 2.(N-15): 0.29 with 2.14
+    "torchaudio": (2, lambda minor: minor),  # torchaudio 2.N goes with torch 2.N
+}
+
+
+def installed_versions(names: Iterable[str]) -> dict[str, str]:
+    """The installed versions of ``names`` (those installed), as ``VERSIONS_ENV`` may override them."""
+    found: dict[str, str] = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    for item in filter(None, os.environ.get(VERSIONS_ENV, "").split(",")):
+        name, _, version = item.partition("=")
+        found[name.strip()] = version.strip()
+    return found
+
+
+def _major_minor(version: str) -> Optional[tuple[int, int]]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def install_mismatch(versions: Optional[dict[str, str]] = None) -> str:
+    """Why torch and an installed companion (torchvision, torchaudio) are no matching pair, in one line with
+    the fix; "" when they match, or where no pairing is known (torch 1.x, an unreadable version).
+
+    Args:
+        versions: Package name -> version; ``None`` reads the installed ones (``installed_versions``).
+    """
+    versions = installed_versions(["torch", *TORCH_COMPANIONS]) if versions is None else versions
+    torch_version = _major_minor(versions.get("torch", ""))
+    if torch_version is None or torch_version[0] != 2:
+        return ""
+    for name, (major, torch_minor) in TORCH_COMPANIONS.items():
+        theirs = _major_minor(versions.get(name, ""))
+        if theirs is None or theirs[0] != major or torch_minor(theirs[1]) == torch_version[1]:
+            continue
+        wanted = torch_version[1] + (15 if name == "torchvision" else 0)
+        return (f"torch {versions['torch']} and {name} {versions[name]} are not a matching pair ({name} "
+                f"{major}.{theirs[1]} is built for torch 2.{torch_minor(theirs[1])}); install the {name} of this "
+                f"torch: pip install '{name}=={major}.{wanted}.*' (or reinstall torch and {name} together)")
+    return ""
+
+
+def check_install(versions: Optional[dict[str, str]] = None) -> None:
+    """Stop when torch and an installed companion are no matching pair (see ``install_mismatch``).
+
+    Raises:
+        InstallError: the pair, both versions and the fix, in one line.
+    """
+    mismatch = install_mismatch(versions)
+    if mismatch:
+        raise InstallError(mismatch)
 
 
 def _probe_here() -> Capabilities:
@@ -298,6 +360,7 @@ def probe(*, target: Optional[str] = None, timeout: float = 300.0, env: Optional
 
     Raises:
         WorkloadError: ``target`` cannot be imported.
+        InstallError: torch and an installed companion (torchvision) are no matching pair.
         AutotuneError: the child could not import torch or did not answer.
     """
     try:
@@ -329,10 +392,13 @@ def capabilities_from_answer(answer: dict[str, Any]) -> Capabilities:
     """The probe's answer as a record.
 
     Raises:
+        InstallError: the answer says torch and a companion are no matching pair.
         WorkloadError: the answer says the target did not import.
     """
     from autotune._errors import WorkloadError
 
+    if answer.get("install_error"):
+        raise InstallError(answer["install_error"])
     if answer.get("target_error"):
         raise WorkloadError(answer["target_error"])
     return Capabilities.from_dict(answer["capabilities"])
@@ -341,6 +407,10 @@ def capabilities_from_answer(answer: dict[str, Any]) -> Capabilities:
 def probe_answer(target: Optional[str]) -> dict[str, Any]:
     """Probe this process's machine and import ``target`` here: what a probe process answers (JSON-able)."""
     answer: dict[str, Any] = {"capabilities": _probe_here().to_dict()}
+    mismatch = install_mismatch()
+    if mismatch:
+        answer["install_error"] = mismatch
+        return answer
     if target:
         from autotune._target import load_target
 

@@ -97,6 +97,10 @@ class SearchOptions:
         baseline: The untuned config as the user trains it, over the space's ``baseline:``: knob values
             (``{"batch_size": 32}``) or ``"batch_size=32,precision=fp32"``; knobs not named keep the
             space's. Under ``fixed`` its ``batch_size`` is also the global batch.
+        batch_size: The global batch the script trains at (``--batch-size``): the baseline's batch and,
+            under ``fixed``, the study's global batch, unless ``baseline`` names a ``batch_size`` or the
+            space sets ``global_batch``. ``None``: a ``batch_size`` the script passes to ``ctx.loader`` is
+            adopted after the reference run (which then runs again at it).
         processes_per_trial: Ranks of each trial (a DDP job: one GPU per rank, gloo on a CPU) over the space's
             ``processes_per_trial``; ``None`` keeps the space's (1 unless it says).
     """
@@ -114,8 +118,12 @@ class SearchOptions:
     train_steps: Optional[int] = None
     baseline: Union[str, dict[str, Any], None] = None
     processes_per_trial: Optional[int] = None
+    batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool)
+                                            or self.batch_size < 1):
+            raise ValueError(f"batch_size must be a positive integer, not {self.batch_size!r}")
         if self.processes_per_trial is not None and (not isinstance(self.processes_per_trial, int)
                                                      or self.processes_per_trial < 1):
             raise ValueError(f"processes_per_trial must be a positive integer, not {self.processes_per_trial!r}")

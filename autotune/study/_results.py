@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import optuna
 
@@ -16,8 +17,13 @@ from autotune._config import Result, dumps
 from autotune._records import CONFIRMATION, study_dir
 
 
-def best_config_document(study: optuna.Study, result: Result, unconfirmed: str = "") -> dict[str, Any]:
-    """What ``best_config.json`` holds; ``unconfirmed`` says why this run did not race the pick ("" if it did)."""
+def best_config_document(study: optuna.Study, result: Result, unconfirmed: str = "", *,
+                         written: Optional[str] = None) -> dict[str, Any]:
+    """What ``best_config.json`` holds; ``unconfirmed`` says why this run did not race the pick ("" if it did).
+
+    ``written`` is when the file was written (ISO 8601, UTC): now for a file being written, the file's own
+    for one read back (``written_at``), None where no file was written.
+    """
     best = result.best
     trial = study.trials[best.number] if best else None
     measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
@@ -46,7 +52,8 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         "fingerprint": study.user_attrs.get("hardware", {}),
         "confirmation": study.user_attrs.get("confirmation"),
         "batch_policy": _batch_policy(best.config if best else result.baseline, study.user_attrs),
-        "packing": _packing(best.config if best else result.baseline, trial.user_attrs if trial else {}),
+        "packing": _packing(best.config if best else result.baseline, trial.user_attrs if trial else {},
+                            cuda=bool((study.user_attrs.get("hardware") or {}).get("cuda"))),
         # What the loader knobs ask of the user's own training code (loader=device: data kept on the device).
         "input_pipeline": (best.config if best else result.baseline).input_pipeline,
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
@@ -54,8 +61,21 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
         "confirmed": confirmation_status(study, result, unconfirmed),
         "time_split": study.user_attrs.get("time_split"),
-        "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "written": written,
     }
+
+
+def written_at(path: Path) -> Optional[str]:
+    """When ``best_config.json`` at ``path`` was written (its ``written`` field), or None without one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("written")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def confirmation_status(study: optuna.Study, result: Result, unconfirmed: str = "") -> dict[str, Any]:
@@ -83,11 +103,14 @@ def _batch_policy(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _packing(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:
+def _packing(config: Any, attrs: dict[str, Any], *, cuda: bool = True) -> dict[str, Any]:
     """How the config packs a GPU: processes per GPU, each one's memory fraction, MPS, in words too, and how
-    the co-located copies were measured (their overlap) when they were."""
+    the co-located copies were measured (their overlap) when they were. A study without CUDA packs the CPU."""
+    what = config.packing if cuda else (
+        "one training process (no GPU)" if config.processes_per_gpu == 1
+        else f"{config.processes_per_gpu} independent training processes sharing the CPU's cores (no GPU)")
     packing: dict[str, Any] = {"processes_per_gpu": config.processes_per_gpu, "memory_fraction": config.memory_fraction,
-                               "mps": config.mps, "what": config.packing}
+                               "mps": config.mps, "what": what}
     if attrs.get("colocation_summary"):
         packing["measured"] = attrs["colocation_summary"]
         packing["copy_throughputs"] = attrs.get("copy_throughputs")
@@ -107,7 +130,7 @@ def write_best_config(study: optuna.Study, result: Result, studies_dir: Path, *,
     try:
         os.fchmod(fd, 0o644)  # as a plain write would leave it, not mkstemp's 0600
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(best_config_document(study, result, unconfirmed)) + "\n")
+            fh.write(dumps(best_config_document(study, result, unconfirmed, written=_now())) + "\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

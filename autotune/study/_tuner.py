@@ -47,6 +47,7 @@ METRIC_NAMES = ["throughput", "accuracy_loss"]
 CREATING = "creating"
 CREATION_DONE = "creation_done"
 CREATION_WAIT_SECONDS = 120.0
+SCRIPT_BATCH = "script_batch_adopted"  # the global batch adopted from the script's ctx.loader(batch_size=)
 TARGET_DIGEST = "target_sha256"  # of the target's source file when the study was created  # how long a live creator on this host is waited for
 # Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
 # costs minutes on a few cores, so both are tried as moves rather than assumed.
@@ -79,6 +80,7 @@ class Tuner:
         self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
         self._compile_plan: Optional[_compile.CompilePlan] = None
         self._baseline_source = ""  # where the baseline came from: the space's YAML, or baseline= (--baseline)
+        self._batch_source = ""  # where the global batch came from: --batch-size, --baseline, the space, the script
 
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
@@ -96,7 +98,54 @@ class Tuner:
         policy = self.options.search.batch_policy
         if policy is None and self.options.accuracy.accuracy_reference == "batch":
             policy = "scale"  # the per-batch-size reference is what the scale policy does
-        return space.with_batch_policy(policy) if policy else space
+        space = space.with_batch_policy(policy) if policy else space
+        batch = self.options.search.batch_size
+        if batch is not None and self._batch_settled(space) is None:
+            return self._with_global_batch(space, batch, f"--batch-size {batch} (batch_size=)")
+        self._batch_source = self._batch_settled(space) or f"the space {space.name}'s baseline"
+        return space
+
+    def _batch_settled(self, space: _space.SearchSpace) -> Optional[str]:
+        """Who fixed the global batch before the script could say: ``--baseline batch_size=`` or the space's
+        ``global_batch``; None when neither did."""
+        if "batch_size" in self._stated_baseline():
+            return f"--baseline batch_size={self._stated_baseline()['batch_size']}"
+        if space.batch_policy == "fixed" and space.global_batch_stated:
+            return f"global_batch: {space.global_batch} of the space {space.name}"
+        return None
+
+    def _with_global_batch(self, space: _space.SearchSpace, batch: int, source: str) -> _space.SearchSpace:
+        """The space with ``batch`` as its baseline's global batch (and the study's, under ``fixed``).
+
+        Raises:
+            SpaceError: ``batch`` does not split evenly over the trial's ranks, or the space refuses it.
+        """
+        ranks = space.processes_per_trial
+        if batch % ranks:
+            raise SpaceError(f"{source}: the global batch {batch} does not split over {ranks} ranks per trial")
+        self._batch_source = source
+        return space.with_baseline({"batch_size": batch // ranks}, where=source)
+
+    def _adopt_script_batch(self, space: _space.SearchSpace, reference: dict[str, Any]) -> Optional[_space.SearchSpace]:
+        """The space at the batch the script passed to ``ctx.loader`` in the reference run, when nothing
+        stated the global batch and it differs from the baseline's; else None (a stated one that differs
+        is noted in the batch's source)."""
+        script = _script_batch(reference)
+        if script is None or script == space.baseline.global_batch_size:
+            return None
+        if self.options.search.batch_size is not None or self._batch_settled(space) is not None:
+            self._batch_source += f" (the script's ctx.loader says batch_size={script}: the stated one is kept)"
+            return None
+        return self._with_global_batch(space, script, f"the script's ctx.loader(batch_size={script})")
+
+    def _stored_script_batch(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
+        """A resumed study keeps the batch its reference adopted from the script."""
+        if not study_exists(storage, self.study_name):
+            return space
+        adopted = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs.get(SCRIPT_BATCH)
+        if not isinstance(adopted, int) or self.options.search.batch_size is not None or self._batch_settled(space):
+            return space
+        return self._with_global_batch(space, adopted, f"the script's ctx.loader(batch_size={adopted})")
 
     def _stated_baseline(self) -> dict[str, Any]:
         """The baseline knobs the user stated (``baseline=``), checked; empty when none.
@@ -268,7 +317,9 @@ class Tuner:
             "target": self.target,
             TARGET_DIGEST: target_digest(self.target),
             "space_name": space.name,
-            "baseline_source": self._baseline_source,
+            "baseline_source": f"{self._baseline_source}; the global batch from {self._batch_source}",
+            "global_batch_source": self._batch_source,
+            SCRIPT_BATCH: space.baseline.global_batch_size if self._batch_source.startswith("the script's") else None,
             "space": space.to_dict(),
             "space_fingerprint": space.fingerprint,
             "removed_knobs": space.removed,
@@ -444,6 +495,7 @@ class Tuner:
                 clock.budget_seconds = space.study_minutes * 60  # the space's default (the demo's)
             space, mps = self._open_mps(space, cleanup)
             self._check_stated_baseline(space)
+            space = self._stored_script_batch(storage, space)
             space = self._stored_compile_plan(storage, space)
             space = self._stored_model_restriction(storage, space)
             study = self._load_existing(storage, space)
@@ -459,12 +511,20 @@ class Tuner:
             if study is None or not _creation_done(study):
                 with self._reference_lock(runner, ui) as locked:
                     if locked and mode != "join":  # another process may have made the study while this one waited
+                        space = self._stored_script_batch(storage, space)
                         space = self._stored_compile_plan(storage, space)
                         space = self._stored_model_restriction(storage, space)
                         study = self._load_existing(storage, space)
                     if study is None or not _creation_done(study):
                         with clock.part("references"):
                             reference = references.baseline(ui)
+                            adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
+                            if adopted is not None:  # the baseline is the script's batch: measured at it
+                                space = _space.restrict_to(adopted, caps)
+                                runner.baseline = space.baseline
+                                ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
+                                       "(ctx.loader): the baseline's batch; its reference runs again")
+                                reference = references.baseline(ui)
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.
                         space = self._plan_compiles(space, reference)
@@ -580,6 +640,12 @@ class Tuner:
         if line and study.user_attrs.get(COLOCATION) != line:  # a worker that sees the same says it once
             study.set_user_attr(COLOCATION, line)
             print(f"autotune: warning: {line}", file=sys.stderr, flush=True)
+
+
+def _script_batch(reference: dict[str, Any]) -> Optional[int]:
+    """The global batch the script passed to ``ctx.loader`` in the reference run (None when it did not)."""
+    value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("script_batch_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _activations_4d(reference: dict[str, Any]) -> Optional[bool]:

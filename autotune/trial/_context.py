@@ -99,6 +99,7 @@ class TrialContext:
         # One of several co-located copies of a study's trial (processes_per_gpu > 1), else None.
         self._copy = _copies.copy_from_env() if budget is not None else None
         self._planned_steps: Optional[int] = None  # set when a copy trains on past its budget: losses stop there
+        self._epoch_steps: Optional[int] = None  # batches of one epoch of the last ctx.loader
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -190,6 +191,15 @@ class TrialContext:
     def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> Iterable[Any]:
         """A DataLoader with the config's batch size, workers, pinning and prefetching.
 
+        ``dataset`` may also be the script's own ``torch.utils.data.DataLoader``: it is rebuilt with the
+        trial's loader knobs (workers, pinning, prefetching, persistent workers), keeping its dataset,
+        ``collate_fn``, ``drop_last`` and ``worker_init_fn``. Its shuffle (a ``RandomSampler``) becomes the
+        seeded order below, a sequential one stays sequential, any other sampler is kept as it is.
+
+        A ``batch_size`` the script passes (here, or its DataLoader's) is the batch it trains at: the trial
+        still loads at the config's batch, and the reference run records it (``script_batch_size``) so the
+        study adopts it as the baseline's global batch unless the space or ``--baseline`` says otherwise.
+
         The data order depends only on ``ctx.seed``, never on the batch size, so every trial sees the
         same samples in the same order. Incomplete last batches are dropped (static shapes). In a trial of
         several ranks each rank reads its own share of every epoch's order (every ``world_size``-th sample).
@@ -202,9 +212,16 @@ class TrialContext:
         Raises:
             KnobError: ``shuffle`` with an IterableDataset; ``loader=device`` for a dataset it cannot keep
                 (random augmentation, no ``__len__``, an IterableDataset, too large for
-                ``device_data_share``), with the reason.
+                ``device_data_share``), with the reason; a DataLoader with its own ``batch_sampler``.
         """
         cfg = self.config
+        sampler = None
+        if isinstance(dataset, torch.utils.data.DataLoader):
+            dataset, shuffle, sampler, kept = _adopt_loader(dataset)
+            kwargs = {**kept, **kwargs}
+        script_batch = kwargs.pop("batch_size", None)
+        if script_batch is not None:
+            self.extras["script_batch_size"] = int(script_batch) * self.world_size
         workers = cfg.num_workers
         options: dict[str, Any] = {
             "batch_size": cfg.batch_size,
@@ -215,7 +232,9 @@ class TrialContext:
         if workers > 0:
             options["prefetch_factor"] = cfg.prefetch_factor
             options["persistent_workers"] = cfg.persistent_workers
-        if isinstance(dataset, torch.utils.data.IterableDataset):
+        if sampler is not None:
+            options["sampler"] = sampler
+        elif isinstance(dataset, torch.utils.data.IterableDataset):
             if shuffle and cfg.loader != "device":  # loader=device refuses it with its own reason
                 raise KnobError("ctx.loader cannot shuffle an IterableDataset (it has no indices): pass shuffle=False")
         else:
@@ -233,7 +252,10 @@ class TrialContext:
             # Items are read in this process anyway, so a few more reads fork no worker with open handles.
             share = cfg.device_data_share
             self.extras["device_loader"] = _resident.refusal(dataset, share=share, device=self.device) or "ok"
-        return torch.utils.data.DataLoader(dataset, **options)
+        loader = torch.utils.data.DataLoader(dataset, **options)
+        with contextlib.suppress(TypeError):
+            self._epoch_steps = len(loader)
+        return loader
 
     def _measure_loader(self, loader: Iterable[Any]) -> None:
         """A loader probe: the trial's warm-up and timed windows of batches from ``loader`` alone (no model
@@ -391,6 +413,44 @@ class TrialContext:
                 f"{self.config.batch_size} after {warmup} warm-up steps"
             )
         return steps, warmup, window_steps
+
+    @property
+    def micro_steps(self) -> int:
+        """Micro-batches this trial trains on: ``optimizer_steps x config.accumulation_steps``.
+
+        Outside a study, one epoch of the last ``ctx.loader``.
+
+        Raises:
+            KnobError: outside a study before any ``ctx.loader``, or the budget leaves no timed window.
+        """
+        if self.budget is not None:
+            return self._plan()[0]
+        if self._epoch_steps is None:
+            raise KnobError("ctx.micro_steps outside a study counts one epoch of ctx.loader: build it first")
+        return self._epoch_steps
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps this trial takes (``ctx.batches`` with ``ctx.train_step``): the ``T_max`` of a
+        cosine schedule, the ``total_steps`` of OneCycle. Every trial of a study trains on the same samples,
+        so a larger batch takes fewer steps. Outside a study, one epoch of the last ``ctx.loader``.
+
+        Raises:
+            KnobError: outside a study before any ``ctx.loader``, or the budget leaves no timed window.
+        """
+        return self.micro_steps // self.config.accumulation_steps
+
+    @property
+    def warmup_steps(self) -> int:
+        """Optimizer steps of the trial's untimed warm-up (compile, cuDNN tuning, graph capture); 0 outside
+        a study. A schedule's own warm-up is the script's choice: this says which steps are not measured.
+
+        Raises:
+            KnobError: the budget leaves no timed window.
+        """
+        if self.budget is None:
+            return 0
+        return self._plan()[1] // self.config.accumulation_steps
 
     def step_clock(self) -> "StepClock":
         """The budget's warm-up and timed windows for a loop that autotune does not drive (a trainer's).
@@ -767,6 +827,30 @@ class DataOrder(torch.utils.data.Sampler):
             order = list(range(self.n))
         mine = order[self.rank:self.n // self.world_size * self.world_size:self.world_size]
         return iter(mine[skip:])
+
+
+def _adopt_loader(loader: torch.utils.data.DataLoader) -> tuple[Any, bool, Any, dict[str, Any]]:
+    """What ``ctx.loader`` keeps of a script's DataLoader: its dataset, whether it shuffles, a sampler of
+    its own (None for a random or sequential one, which become ``DataOrder``) and the options it keeps.
+
+    Raises:
+        KnobError: the DataLoader batches with its own ``batch_sampler`` (the batch is the trial's knob).
+    """
+    if loader.batch_size is None or not isinstance(loader.batch_sampler, torch.utils.data.BatchSampler):
+        raise KnobError("ctx.loader(DataLoader): a DataLoader with its own batch_sampler cannot take the trial's "
+                        "batch size; pass its dataset and collate_fn instead")
+    source = loader.sampler
+    sampler = None
+    shuffle = isinstance(source, torch.utils.data.RandomSampler)
+    plain = shuffle or isinstance(source, torch.utils.data.SequentialSampler)
+    if not plain and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        sampler = source  # the script's own order, kept
+    kept: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    if loader.collate_fn is not torch.utils.data.default_collate:
+        kept["collate_fn"] = loader.collate_fn
+    if loader.worker_init_fn is not None:
+        kept["worker_init_fn"] = loader.worker_init_fn
+    return loader.dataset, shuffle, sampler, kept
 
 
 def _resumable_order(source: Any) -> Optional[DataOrder]:
