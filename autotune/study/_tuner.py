@@ -530,7 +530,7 @@ class Tuner:
                         space = self._plan_compiles(space, reference)
                         space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
                                                          device_loader=_device_loader(reference))
-                        with _storage_errors(storage_label, self.study_name):
+                        with _storage_errors(storage_label, self.study_name), clock.part("setup"):
                             if study is None:
                                 study = self._create(storage, space, caps, reference)
                             else:
@@ -565,13 +565,14 @@ class Tuner:
                 # Ctrl-C or SIGTERM: the best so far is written, marked unconfirmed, before the exit.
                 self._write_unconfirmed(study, storage_label, loop, exc)
                 raise
-        self._record_split(study, loop)  # for the study note, which the report writes (updated after it)
         with clock.part("report"):
+            self._record_split(study, loop)  # for the study note, which the report writes (updated after it)
             from autotune.insight._report import annotate_study  # diagnoses, dashboard note, plots; never raises
 
             annotate_study(study, studies_dir=studies_dir, plots=opts.study.plots)
             result = summarize_study(study, storage_url=storage_label)
-        why = "" if raced else self._why_unconfirmed(study, loop)
+        with clock.part("report"):
+            why = "" if raced else self._why_unconfirmed(study, loop)
         self._record_split(study, loop)
         path = write_best_config(study, result, studies_dir, unconfirmed=why)
         return _with_path(result, path)
