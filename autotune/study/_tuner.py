@@ -506,6 +506,9 @@ class Tuner:
                              compile_timeout=opts.trial.compile_deadline, mps=mps)
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed,
                                                    clock=clock)
+        # The trial server's start (a torch import: seconds) is setup, not the first reference run's wall time,
+        # which the cost model reads as what a run of the baseline costs.
+        start_trial_server()
         clock.add("setup", time.monotonic() - setup_began)
         with _Progress(opts.study.progress, opts.search.n_trials, clock=clock) as ui:
             if study is None or not _creation_done(study):
