@@ -133,6 +133,15 @@ BOTTLENECK_WAITS: dict[str, frozenset[str]] = {
 # Without a stored diagnosis (replayed tables): waiting this share of the windows is input-bound, as the
 # diagnosis calls it (insight's DATA_WAIT_HIGH).
 INPUT_WAIT_HIGH = 0.2
+# Expected gain of a move to a value the priors rank below the incumbent's on a knob whose prior is a speed
+# order (bf16 to fp32, graphs on to off): such moves rarely win, and reusing the compiled shapes makes them
+# look cheap, so without this they go before the moves that can win (a larger batch, a faster mode).
+DOWN_PRIOR_SHARE = 0.25
+# The knobs whose prior is a speed order on the device. Not compile (its "off" comes second because it
+# always runs, and it is the faster one on a small launch-bound model), attention ("auto" is torch's pick),
+# nor the host-side knobs (pinning and persistent workers trade host cores and memory, which can bind).
+SPEED_ORDERED = frozenset({"precision", "channels_last", "cuda_graphs", "cudnn_benchmark", "optimizer_impl",
+                           "activation_checkpointing"})
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
 
@@ -338,7 +347,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
         The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
         knob nearer the incumbent, and quartered where measured pairs show the knob barely matters, or show
-        the value slower than the incumbent's (at another point: the same point is the clearly-worse rule).
+        the value slower than the incumbent's (at another point: the same point is the clearly-worse rule),
+        or where the priors rank the value below the incumbent's on a knob whose prior is a speed order
+        (``SPEED_ORDERED``; not on the levers the incumbent's diagnosis names).
         """
         flat = self._barely_matters(seen)
         slower = self._measured_slower(seen)
@@ -346,6 +357,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             best is not None and best.cost is not None and "compile" in best.cost.params
             and "compile" not in self._space) else {}
         rate = best.value if best is not None else None
+        # The knobs the incumbent's diagnosis names as its levers are tried in that order, prior or not.
+        levers = BOTTLENECK_KNOBS.get(_bottleneck(best.diagnosis) or "", ()) if best is not None else ()
         scored = []
         for i, candidate in enumerate(candidates):
             name = next((k for k in knobs if candidate[k] != anchor[k]), None)
@@ -353,6 +366,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 continue
             order = self._value_order(name, anchor[name])
             gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
+            prior = self._priors.get(name, ())
+            # Of more than two values, the one right after the incumbent's is its peer (fp16 beside bf16).
+            peer = 1 if len(self._values[name]) > 2 else 0
+            if name in SPEED_ORDERED and name not in levers and anchor[name] in prior and candidate[name] in prior and (
+                    prior.index(candidate[name]) > prior.index(anchor[name]) + peer):
+                gain *= DOWN_PRIOR_SHARE  # a slower value than the incumbent's by the priors: a check, not a lever
             if name in flat:
                 gain *= 0.25
             if (name, self._key([candidate[name]]), self._key([anchor[name]])) in slower:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import optuna
 from optuna.distributions import CategoricalDistribution
 
+from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
 from autotune.search._rules import infeasible_reason
@@ -43,6 +44,28 @@ from autotune.search._sampler import GuidedSampler
 
 STATUSES = ("ok", "oom", "error")
 DEFAULT_STRATEGIES = ("guided", "guided-flat", "tpe", "random")
+
+
+def asked_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params a real study asks for to reach ``params``: as ``SearchSpace.sample`` does, a compile mode
+    that captures CUDA Graphs itself leaves ``cuda_graphs`` unasked (it runs with graphs off)."""
+    if params.get("compile") in COMPILE_MODES_WITH_GRAPHS:
+        return {k: v for k, v in params.items() if k != "cuda_graphs"}
+    return dict(params)
+
+
+def _ask(trial: optuna.Trial, table: ReplayTable) -> dict[str, Any]:
+    """Ask a trial for a config of the table as a real study would (``asked_params``); the config that
+    then runs, with ``cuda_graphs`` off where it was not asked and the table has that value."""
+    names = [n for n in table.names if n != "cuda_graphs"] + [n for n in table.names if n == "cuda_graphs"]
+    params: dict[str, Any] = {}
+    for name in names:
+        if name == "cuda_graphs" and "cuda_graphs" not in asked_params({**params, name: True}):
+            if False in table.values[name]:
+                params[name] = False
+                continue
+        params[name] = trial.suggest_categorical(name, table.values[name])
+    return {n: params[n] for n in table.names}
 
 
 @dataclass(frozen=True)
@@ -196,9 +219,10 @@ def make_sampler(strategy: str, table: ReplayTable, seed: int) -> optuna.sampler
     in Optuna 5 is already multivariate with a constant liar), ``random``, and ``guided-flat``, the guided
     walk without its domain priors (an ablation)."""
     if strategy == "guided":
-        return GuidedSampler(search_space=table.distributions(), seed=seed)
+        return GuidedSampler(search_space=table.distributions(), seed=seed, canonical=asked_params)
     if strategy == "guided-flat":  # ablation: the same walk without the domain priors
-        return GuidedSampler(search_space=table.distributions(), seed=seed, default_priors=False)
+        return GuidedSampler(search_space=table.distributions(), seed=seed, default_priors=False,
+                             canonical=asked_params)
     if strategy == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if strategy == "random":
@@ -295,7 +319,7 @@ def replay(
     while len(fractions) < trials and asked < trials * 50:
         asked += 1
         trial = study.ask()
-        params = {n: trial.suggest_categorical(n, table.values[n]) for n in table.names}
+        params = _ask(trial, table)
         reason = infeasible_reason(params, ooms) if memory_rule else None
         if reason:
             trial.set_user_attr("status", "infeasible")

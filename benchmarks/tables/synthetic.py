@@ -108,6 +108,7 @@ class Profile:
         accuracy: Whether lines carry a modelled ``accuracy_loss``.
         compile_s: Seconds of a fresh ``compile: default`` of the model (other modes: ``COMPILE_COST``).
         build_s: Seconds to build the model and its optimizer in a trial process.
+        batch_accuracy_cost: Accuracy lost per doubling of the batch over 64 (fewer steps per epoch).
     """
 
     description: str
@@ -138,6 +139,7 @@ class Profile:
     accuracy: bool = False
     compile_s: float = 40.0
     build_s: float = 3.0
+    batch_accuracy_cost: float = 0.003
 
 
 # torch.compile mode -> (tensor-core time, memory-bound time, kernel launches, activation memory) factors.
@@ -364,10 +366,10 @@ def trial_cost(profile: Profile, c: Params, status: str, rate: Optional[float]) 
     return seconds, compile_s
 
 
-def accuracy_loss(c: Params, rng: random.Random, seed_noise: float) -> float:
+def accuracy_loss(c: Params, rng: random.Random, seed_noise: float, batch_cost: float = 0.003) -> float:
     """Modelled accuracy loss: low precision costs a little; large batches (fewer steps) cost more."""
     base = {"fp32": 0.0, "tf32": 0.0005, "fp16": 0.0015, "bf16": 0.002}[c["precision"]]
-    return base + 0.003 * math.log2(c["batch_size"] / 64) + seed_noise + rng.gauss(0.0, 0.0003)
+    return base + batch_cost * math.log2(c["batch_size"] / 64) + seed_noise + rng.gauss(0.0, 0.0003)
 
 
 def _random_error(c: Params, rng: random.Random) -> str:
@@ -385,9 +387,13 @@ def config_key(params: Params) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def generate(name: str, seed: int = 0) -> list[dict[str, Any]]:
-    """The lines of table ``name``: every config of its grid, in grid order."""
-    profile = TABLES[name]
+def generate(name: str, seed: int = 0, profile: Optional[Profile] = None) -> list[dict[str, Any]]:
+    """The lines of table ``name``: every config of its grid, in grid order.
+
+    Args:
+        profile: The model to generate from (default: ``TABLES[name]``; the generated family passes its own).
+    """
+    profile = profile or TABLES[name]
     grid = profile.grid
     lines = []
     for values in itertools.product(*grid.values()):
@@ -407,7 +413,8 @@ def generate(name: str, seed: int = 0) -> list[dict[str, Any]]:
             if profile.accuracy:
                 # Accuracy noise is the seed's, shared by configs that train the same arithmetic.
                 shared = random.Random(f"{name}:{seed}:{c['precision']}:{c['batch_size']}")
-                line["accuracy_loss"] = round(accuracy_loss(c, rng, shared.gauss(0.0, 0.0015)), 4)
+                line["accuracy_loss"] = round(
+                    accuracy_loss(c, rng, shared.gauss(0.0, 0.0015), profile.batch_accuracy_cost), 4)
             if profile.loader is not None:
                 line["bound"] = out.bound
                 line["data_wait_fraction"] = round(out.data_wait_fraction or 0.0, 3)

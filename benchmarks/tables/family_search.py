@@ -1,0 +1,95 @@
+"""Replay strategies on the generated table family (``family.py``) and summarise trials and minutes to 95%.
+
+    python -m benchmarks.tables.family_search [--count 50] [--seeds 3] [--trials 30] [--noise 0.02] [--jobs 2]
+
+Prints one line per table (median / worst trials and median minutes to 95% of each strategy) and the
+family's summary: the median over every run, the worst run, and how many tables meet the per-table targets
+(guided's median trials <= 5, worst <= 12, median minutes <= half of TPE's and of random's). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from autotune.search._simulate import simulate
+from benchmarks.tables import family
+
+MEDIAN_TARGET, WORST_TARGET, MINUTES_SHARE = 5, 12, 0.5
+
+
+def measure(seed: int, strategies: Sequence[str], seeds: int, trials: int, noise: float) -> dict[str, Any]:
+    """Per strategy on table ``family-<seed>``: trials and minutes to 95% of every replay seed."""
+    table = family.table(seed)
+    out: dict[str, Any] = {"table": table.name, "kind": family.profile(seed).description.split(": ")[1],
+                           "size": table.size}
+    for summary in simulate(table, strategies=strategies, trials=trials, seeds=seeds, noise=noise):
+        out[summary.strategy] = {"trials": [r.trials_to_95 for r in summary.runs],
+                                 "minutes": [r.minutes_to_95 or 0.0 for r in summary.runs]}
+    return out
+
+
+def _job(args: tuple[int, Sequence[str], int, int, float]) -> dict[str, Any]:
+    return measure(*args)
+
+
+def run(count: int = 50, strategies: Sequence[str] = ("guided", "tpe", "random"), seeds: int = 3,
+        trials: int = 30, noise: float = 0.02, jobs: int = 1) -> list[dict[str, Any]]:
+    """``measure`` on the family's first ``count`` tables, ``jobs`` at a time."""
+    work = [(seed, tuple(strategies), seeds, trials, noise) for seed in family.seeds(count)]
+    if jobs <= 1:
+        return [_job(w) for w in work]
+    with multiprocessing.Pool(jobs) as pool:
+        return pool.map(_job, work)
+
+
+def meets(row: dict[str, Any]) -> Optional[bool]:
+    """Whether guided meets the per-table targets on ``row`` (None without TPE and random beside it)."""
+    guided = row["guided"]
+    ok = statistics.median(guided["trials"]) <= MEDIAN_TARGET and max(guided["trials"]) <= WORST_TARGET
+    for rival in ("tpe", "random"):
+        if rival not in row:
+            return None
+        ok = ok and statistics.median(guided["minutes"]) <= MINUTES_SHARE * statistics.median(row[rival]["minutes"])
+    return ok
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tables.family_search", description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=50)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--noise", type=float, default=0.02)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--strategies", default="guided,tpe,random")
+    args = parser.parse_args(argv)
+    strategies = args.strategies.split(",")
+    start = time.time()
+    rows = run(args.count, strategies, args.seeds, args.trials, args.noise, args.jobs)
+    print("| table | kind | space | " + " | ".join(f"{s} trials | {s} minutes" for s in strategies) + " | targets |")
+    print("|---|---|---:|" + "---:|---:|" * len(strategies) + "---|")
+    for row in rows:
+        cells = [f"{statistics.median(row[s]['trials']):g} / {max(row[s]['trials'])} | "
+                 f"{statistics.median(row[s]['minutes']):.1f}" for s in strategies]
+        verdict = meets(row)
+        print(f"| {row['table']} | {row['kind']} | {row['size']} | " + " | ".join(cells)
+              + f" | {'-' if verdict is None else 'met' if verdict else 'missed'} |")
+    print()
+    for s in strategies:
+        every = [t for row in rows for t in row[s]["trials"]]
+        medians = [statistics.median(row[s]["trials"]) for row in rows]
+        minutes = [statistics.median(row[s]["minutes"]) for row in rows]
+        print(f"{s}: trials median {statistics.median(every):g} (of table medians: {statistics.median(medians):g}, "
+              f"worst table median {max(medians):g}), worst run {max(every)}; minutes median of table medians "
+              f"{statistics.median(minutes):.1f}, total {sum(minutes):.0f}")
+    verdicts = [meets(row) for row in rows]
+    print(f"tables meeting the targets: {sum(1 for v in verdicts if v)} of {len(rows)} ({time.time() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
