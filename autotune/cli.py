@@ -54,7 +54,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                         "trials run while they and the race fit, and the study always ends with a pick written "
                         "(default: none; the demo's space sets its own)")
     p.add_argument("--study", help="study name (default: the function's name)")
-    p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default sqlite:///studies/autotune.db)")
+    p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default: the AUTOTUNE_STORAGE environment "
+                                     "variable, else sqlite:///studies/autotune.db)")
+    _add_storage_file(p)
     p.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
@@ -132,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--study", required=True)
     worker.add_argument("--storage", help="the study's storage URL (postgresql://..., journal:PATH, ...); default: "
                                            "the AUTOTUNE_STORAGE environment variable, which keeps a password out of ps")
+    _add_storage_file(worker)
     worker.add_argument("--trial-timeout", type=_positive_float, default=600.0)
     worker.add_argument("--compile-timeout", type=_positive_float, metavar="SECONDS")
     worker.add_argument("--memory-limit", type=_positive_float, metavar="GIB")
@@ -146,13 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     best = sub.add_parser("best", help="print a study's best config")
     best.add_argument("study")
-    best.add_argument("--storage")
+    best.add_argument("--storage", help="default: --storage-file, else the AUTOTUNE_STORAGE environment variable, "
+                                      "else sqlite:///studies/autotune.db")
+    _add_storage_file(best)
     best.add_argument("--studies-dir", default="studies")
     best.add_argument("--format", choices=("json", "yaml"), default="json")
 
     report = sub.add_parser("report", help="write studies/<study>/report.html with plots and each trial's diagnosis")
     report.add_argument("study")
-    report.add_argument("--storage")
+    report.add_argument("--storage", help="default: --storage-file, else the AUTOTUNE_STORAGE environment variable, "
+                                      "else sqlite:///studies/autotune.db")
+    _add_storage_file(report)
     report.add_argument("--studies-dir", default="studies")
 
     spaces = sub.add_parser("spaces", help="list the built-in search spaces and validate them (or the given files)")
@@ -171,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
-    dash.add_argument("--storage")
+    dash.add_argument("--storage", help="default: --storage-file, else the AUTOTUNE_STORAGE environment variable, "
+                                      "else sqlite:///studies/autotune.db")
+    _add_storage_file(dash)
     dash.add_argument("--studies-dir", default="studies")
     dash.add_argument("--port", type=int, default=8080)
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
@@ -179,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="let the page change studies (rename, delete, tell trials, notes, artifacts); by default "
                            "it is read-only: a study a tuner is running must not change under it")
     return parser
+
+
+def _add_storage_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-file", metavar="PATH",
+                   help="read the storage URL from this file's first line: a password stays out of ps and shell history")
 
 
 def _add_mps_option(p: argparse.ArgumentParser) -> None:
@@ -346,7 +360,6 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 def _worker(args: argparse.Namespace) -> int:
     from autotune.study._storage import STORAGE_ENV
 
-    args.storage = args.storage or os.environ.get(STORAGE_ENV)
     if not args.storage:
         raise AutotuneError(f"autotune worker needs --storage URL (or the {STORAGE_ENV} environment variable)")
 
@@ -682,6 +695,16 @@ def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path, *, all
     return 0
 
 
+def _resolve_storage(args: argparse.Namespace) -> None:
+    """Set ``args.storage`` from ``--storage``, ``--storage-file`` or ``AUTOTUNE_STORAGE`` (``storage_from``), and
+    take the variable out of this process's environment: trials, and the forkserver that starts them,
+    inherit the environment, and their ``/proc/PID/environ`` is readable by the user's other processes."""
+    from autotune.study._storage import STORAGE_ENV, storage_from
+
+    args.storage = storage_from(args.storage, getattr(args, "storage_file", None))
+    os.environ.pop(STORAGE_ENV, None)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     import optuna
@@ -695,6 +718,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is None:
             restore = None  # the process's own entry point: keep them through exit, when a Ctrl-C may still come
     try:
+        if hasattr(args, "storage"):
+            _resolve_storage(args)
         if args.command == "tune":
             return _tune(args, args.target)
         if args.command == "demo":

@@ -28,19 +28,57 @@ RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 STORAGE_ENV = "AUTOTUNE_STORAGE"
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def mask_url(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``, for messages, logs and files.
 
-    The user part ends at the last ``@`` before the host (a password may hold ``/``, ``:`` or a raw
-    ``@``), and an empty user name still hides the password; ``password=`` in a query string is masked too.
+    A password runs from the first ``:`` of the user part to the last ``@`` of the line before the next
+    URL, so one that holds ``/``, ``:``, a raw ``@`` or a raw space is hidden whole (text between two such
+    ``@`` is hidden with it: too much, never too little). An empty user name still hides the password;
+    ``password=`` in a query string is masked too.
     """
-    def userinfo(match: "re.Match[str]") -> str:
-        user, sep, _ = match.group(2).partition(":")
-        return f"{match.group(1)}{user}{sep and ':***'}@"
+    out: list[str] = []
+    pos = 0
+    for match in _SCHEME.finditer(text):
+        if match.start() < pos:
+            continue  # inside a password already hidden
+        after = match.end()
+        stop = next((m.start() for m in _SCHEME.finditer(text, after)), len(text))
+        line_end = text.find("\n", after)
+        stop = min(stop, line_end if line_end >= 0 else len(text))
+        user = re.match(r"[^:@/\s]*", text[after:stop]).group(0)  # type: ignore[union-attr]
+        colon = after + len(user)
+        at = text.rfind("@", colon, stop)
+        if colon < stop and text[colon] == ":" and at > colon:
+            out.append(text[pos:colon] + ":***")
+            pos = at
+    out.append(text[pos:])
+    return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", "".join(out))
 
-    # scheme://USER[:PASSWORD]@ with the password running to the last "@" before whitespace.
-    text = re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s@]*(?:@[^\s@]*)*?)@(?=[^\s@]*$|[^\s@]*\s)", userinfo, text)
-    return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", text)
+
+def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
+    """The storage URL a command was given: ``--storage``, else the first line of ``--storage-file``, else
+    the ``AUTOTUNE_STORAGE`` environment variable (the last two keep a password out of ``ps`` and shell
+    history); ``None`` for the default.
+
+    Raises:
+        StudyError: the file cannot be read or holds no URL.
+    """
+    if url:
+        return url
+    if path:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise StudyError(f"--storage-file {path}: cannot read it ({exc.strerror or exc})") from None
+        if not text:
+            raise StudyError(f"--storage-file {path}: the file is empty; put the storage URL on its first line")
+        return text.splitlines()[0].strip()
+    import os
+
+    return os.environ.get(STORAGE_ENV) or None
 
 
 def _enable_sqlite_wal(path: Path) -> None:
