@@ -741,8 +741,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"autotune: error: {printable(str(exc))}", file=sys.stderr)  # it may quote a trial's exception
         return 1
     except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
+        import errno
+
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
+        full = ("; the disk is full: free space on it, then rerun the same command to resume"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "")
+        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}{full}')}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a storage on a full disk or a damaged file fails deep inside Optuna
+        from autotune.study._storage import storage_failure
+
+        failure = storage_failure(exc, getattr(args, "storage", None))
+        if failure is None:
+            raise
+        print(f"autotune: error: {printable(str(failure))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit

@@ -68,3 +68,76 @@ def test_the_url_comes_from_the_environment_or_a_file_and_no_trial_sees_it(postg
         assert best.returncode == 0 and '"batch_size"' in best.stdout, best.stderr
     missing = _autotune("best", "s", "--storage-file", str(tmp_path / "nope"), timeout=120)
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "--storage-file" in missing.stderr
+
+
+# -- damaged or full storage ---------------------------------------------------------------------------------
+
+
+def _damaged_study(path: Path) -> None:
+    """A SQLite study of 200 trials with 4 KiB (its third page) zeroed, as a bad sector or a torn copy leaves it."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{path}")
+    for i in range(200):
+        trial = study.ask()
+        trial.set_user_attr("note", "x" * 200)
+        study.tell(trial, float(i))
+    del study
+    with open(path, "r+b") as fh:
+        fh.seek(2 * 4096)
+        fh.write(b"\0" * 4096)
+
+
+@pytest.mark.parametrize("page", [0, 2])
+def test_a_damaged_sqlite_file_is_one_line_naming_it_and_what_to_do(tmp_path, page):
+    path = tmp_path / "studies" / "damaged.db"
+    path.parent.mkdir()
+    _damaged_study(path)
+    if page == 0:
+        with open(path, "r+b") as fh:
+            fh.write(b"\0" * 4096)  # the header too: "file is not a database"
+    (tmp_path / "space.yaml").write_text("knobs:\n  batch_size: [8, 16]\nbaseline: {batch_size: 16}\n")
+    for args in (["best", "s"], ["tune", f"{WORKLOADS}:train_writes_its_environment", "--space",
+                                 str(tmp_path / "space.yaml"), "--study", "s", "--no-progress", "--no-plots"]):
+        proc = _autotune(*args, "--storage", f"sqlite:///{path}", "--studies-dir", str(tmp_path / "studies"),
+                         timeout=120, env={ENVDIR_ENV: str(tmp_path)})
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{path} is damaged" in proc.stderr and "restore it from a copy" in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MiB file system (tmpfs), mounted for the test: root only, else skipped."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_disk_that_fills_mid_study_is_one_line_and_the_rerun_resumes(small_disk, tmp_path):
+    from scale_workloads import SPACE
+
+    from round3_workloads import FILL_ENV
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{small_disk / 's.db'}"
+    args = ["tune", f"{WORKLOADS}:train_fills_the_disk", "--space", str(tmp_path / "space.yaml"), "--storage", storage,
+            "--study", "s", "--trials", "4", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots",
+            "--prune-below", "0", "--top-k", "0"]
+    proc = _autotune(*args, env={FILL_ENV: str(small_disk / "filler")})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "the disk is full" in proc.stderr and "rerun the same command to resume" in proc.stderr
+
+    (small_disk / "filler").unlink()  # space freed: the same command resumes
+    proc = _autotune(*args, env={FILL_ENV: ""})
+    assert proc.returncode == 0, proc.stderr
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    assert [t.user_attrs["failure"] for t in trials if t.state == TrialState.FAIL][0].startswith("stale: worker")
+    assert len([t for t in trials if t.state == TrialState.COMPLETE]) >= 4

@@ -27,6 +27,7 @@ from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
 from autotune.study._signals import Interrupted, held_signals, interrupt_reason
+from autotune.study._storage import storage_failure
 from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
@@ -244,6 +245,8 @@ class TrialLoop:
             try:
                 self._tell(trial, config, finished)
             except Exception as err:  # the reason it is not kept goes with the FAIL below
+                if storage_failure(err, None) is not None:
+                    raise  # a full disk or a damaged file: the FAIL cannot be written either; a resume fails it
                 warnings.warn(f"trial {trial.number}: its finished result was not recorded: {err}", stacklevel=2)
             if not running():
                 return
