@@ -638,21 +638,25 @@ def _dashboard(args: argparse.Namespace) -> int:
     storage, _ = open_storage(url, Path(args.studies_dir), create=False)
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
-    if args.host in ("0.0.0.0", "::"):
+    host, family, address = _bind_address(args.host, args.port)
+    reach = _reach(address)
+    if reach:
         what = "which can edit studies (--allow-edits)" if args.allow_edits else "read-only"
-        print(f"autotune: warning: binding to {args.host} exposes the dashboard, {what}, "
-              "to every network this machine is on", file=sys.stderr)
+        print(f"autotune: warning: binding to {args.host or repr(args.host)} ({address}) exposes the dashboard, "
+              f"{what}, to {reach}", file=sys.stderr)
     import socket
 
     try:  # a port in use would end in optuna-dashboard's traceback, after the exec
-        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
-            probe.bind((args.host, args.port))
+        with socket.socket(family) as probe:
+            probe.bind((address, args.port))
     except OSError as exc:
-        raise AutotuneError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
+        raise AutotuneError(f"cannot listen on {address}:{args.port} ({exc.strerror}); pick another --port") from None
+    args.host = address
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     mode = "edits allowed" if args.allow_edits else "read-only; --allow-edits to edit studies"
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} ({mode}; Ctrl-C to stop)",
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"optuna-dashboard on http://{shown}:{args.port}/ for {mask_url(url)} ({mode}; Ctrl-C to stop)",
           flush=True)
     if url.startswith("journal:"):
         # optuna-dashboard cannot guess a storage from "journal:PATH": give it the storage object, which
@@ -665,6 +669,37 @@ def _dashboard(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
     return 0
+
+
+def _bind_address(host: str, port: int) -> tuple[str, int, str]:
+    """``--host`` as given (brackets dropped), its address family, and the address it binds: a name, "" or
+    a short form such as ``0`` is resolved as the server will resolve it.
+
+    Raises:
+        AutotuneError: the host resolves to no address.
+    """
+    import socket
+
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(bare or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AutotuneError(f"--host {host!r}: no address by that name ({getattr(exc, 'strerror', None) or exc}); "
+                            "use 127.0.0.1, or a name or address of this machine") from None
+    family, _, _, _, sockaddr = infos[0]
+    return bare, family, str(sockaddr[0])
+
+
+def _reach(address: str) -> str:
+    """Who else can reach a server bound to ``address`` ("" for this machine only)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if ip.is_loopback:
+        return ""
+    if ip.is_unspecified:
+        return "every network this machine is on"
+    return f"the networks that reach {address}"
 
 
 def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path, *, allow_edits: bool) -> int:

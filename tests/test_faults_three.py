@@ -141,3 +141,51 @@ def test_a_disk_that_fills_mid_study_is_one_line_and_the_rerun_resumes(small_dis
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]
     assert [t.user_attrs["failure"] for t in trials if t.state == TrialState.FAIL][0].startswith("stale: worker")
     assert len([t for t in trials if t.state == TrialState.COMPLETE]) >= 4
+
+
+# -- the dashboard's address ---------------------------------------------------------------------------------
+
+
+def _external_address() -> str:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this picks the address of the default route
+            address = probe.getsockname()[0]
+        except OSError:
+            return ""
+    return "" if address.startswith("127.") else address
+
+
+@pytest.mark.parametrize("host, says", [
+    ("", "every network"), ("0", "every network"), ("0:0:0:0:0:0:0:0", "every network"), ("[::]", "every network"),
+    ("external", "the networks that reach"), ("127.0.0.1", None), ("localhost", None),
+])
+def test_the_dashboard_warns_of_every_address_others_can_reach(tmp_path, host, says):
+    import socket
+
+    if host == "external":
+        host = _external_address()
+        if not host:
+            pytest.skip("this machine has no address besides the loopback")
+    url = f"sqlite:///{tmp_path}/d.db"
+    optuna.create_study(study_name="s", storage=url)
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind(("::" if ":" in host else "127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dashboard = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--storage", url, "--host", host,
+                                  "--port", str(port), "--studies-dir", str(tmp_path)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out = dashboard.stdout.readline()  # printed once the address is checked, before the server starts
+    finally:
+        dashboard.terminate()
+        err = dashboard.communicate(timeout=30)[1]
+    assert "cannot listen" not in err and "error" not in err, err
+    assert f":{port}/" in out
+    warnings = [line for line in err.splitlines() if "warning: binding to" in line]
+    if says is None:
+        assert not warnings, err
+    else:
+        assert len(warnings) == 1 and says in warnings[0], err
