@@ -189,3 +189,26 @@ def test_the_dashboard_warns_of_every_address_others_can_reach(tmp_path, host, s
         assert not warnings, err
     else:
         assert len(warnings) == 1 and says in warnings[0], err
+
+
+# -- a heartbeat timeout says why -------------------------------------------------------------------------------
+
+
+def test_a_trial_failed_by_heartbeat_timeout_records_why_and_is_retried(tmp_path):
+    import time
+    from types import SimpleNamespace
+
+    from autotune.study._loop import TrialLoop
+    from autotune.study._storage import open_storage
+
+    storage, _ = open_storage(f"sqlite:///{tmp_path / 's.db'}", tmp_path, grace_period=2)
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask({"batch_size": optuna.distributions.CategoricalDistribution([8, 16])})
+    trial.set_user_attr("worker", "gone-host.example:4242:1")
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(3.5)  # the worker on the other host stopped heartbeating
+    TrialLoop._recover_stale(SimpleNamespace(study=study, storage=storage, _leases=None))
+    failed = study.trials[trial.number]
+    assert failed.state == TrialState.FAIL
+    assert failed.user_attrs["failure"] == "stale: worker gone-host.example:4242:1 sent no heartbeat for 2s (the grace period)"
+    assert study.get_trials(states=(TrialState.WAITING,))[0].params == failed.params  # its config runs again
