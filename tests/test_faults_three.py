@@ -212,3 +212,29 @@ def test_a_trial_failed_by_heartbeat_timeout_records_why_and_is_retried(tmp_path
     assert failed.state == TrialState.FAIL
     assert failed.user_attrs["failure"] == "stale: worker gone-host.example:4242:1 sent no heartbeat for 2s (the grace period)"
     assert study.get_trials(states=(TrialState.WAITING,))[0].params == failed.params  # its config runs again
+
+
+# -- an edited module the target imports ---------------------------------------------------------------------
+
+
+def test_an_edited_module_beside_the_target_warns_on_resume(tmp_path):
+    from tests.test_faults import _tune
+
+    (tmp_path / "constants.py").write_text("SCALE = 1\n")
+    (tmp_path / "workload.py").write_text(
+        "from constants import SCALE\n"
+        f"from scale_workloads import train as _train\n\n\n"
+        "def train(ctx):\n    assert SCALE >= 1\n    _train(ctx)\n")
+    target = f"{tmp_path / 'workload.py'}:train"
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    created = _tune(tmp_path, storage, target=target, env=env)
+    assert created.returncode == 0, created.stderr
+    same = _tune(tmp_path, storage, target=target, trials=3, env=env)
+    assert same.returncode == 0 and "warning" not in same.stderr, same.stderr
+
+    (tmp_path / "constants.py").write_text("SCALE = 2\n")
+    edited = _tune(tmp_path, storage, target=target, trials=4, env=env)
+    assert edited.returncode == 0, edited.stderr
+    assert (f"warning: module constants.py that {tmp_path / 'workload.py'} imports changed since study 's' was created"
+            in edited.stderr)
