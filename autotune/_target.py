@@ -59,6 +59,76 @@ def target_digest(target: str) -> Optional[str]:
         return None
 
 
+MAX_LOCAL_MODULES = 200  # the most of the user's own modules hashed for one target
+
+
+def _module_root(target: str, path: Path) -> Path:
+    """The folder the target's imports resolve from: a file's own folder, or the sys.path entry that holds
+    a module's package."""
+    module_part = target.rpartition(":")[0]
+    if module_part.endswith(".py") or os.sep in module_part:
+        return path.resolve().parent
+    depth = module_part.count(".") + (1 if path.name == "__init__.py" else 0)
+    return path.resolve().parents[depth]
+
+
+def _imported(path: Path, root: Path) -> list[Path]:
+    """The files under ``root`` that ``path``'s import statements name (found without running anything)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[tuple[Path, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(root, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = root if not node.level else path.parent.parents[node.level - 2] if node.level > 1 else path.parent
+            module = node.module or ""
+            names += [(base, module)] if module else []
+            names += [(base, f"{module}.{alias.name}".strip(".")) for alias in node.names]
+    found = []
+    for base, name in names:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):  # a.b.c runs a/__init__.py and a/b/__init__.py too
+            stem = base.joinpath(*parts[:depth])
+            for candidate in (stem.with_name(stem.name + ".py"), stem / "__init__.py"):
+                if candidate.is_file():
+                    found.append(candidate.resolve())
+    return found
+
+
+def local_modules(target: str) -> dict[str, str]:
+    """The SHA-256 of each of the user's own modules that ``target``'s file imports, directly or through
+    another of them, by path relative to the folder imports resolve from.
+
+    Only import statements are read (nothing runs): a module imported under a name built at run time, or
+    from outside that folder (site-packages, the standard library, another checkout on sys.path), is not
+    in it. The target's own file is ``target_digest``'s.
+    """
+    path = target_file(target)
+    if path is None:
+        return {}
+    root = _module_root(target, path)
+    if {"site-packages", "dist-packages"} & set(root.parts):
+        return {}  # an installed package: its version names its code
+    own = path.resolve()
+    seen: dict[Path, str] = {}
+    todo = _imported(own, root)
+    while todo and len(seen) < MAX_LOCAL_MODULES:
+        module = todo.pop()
+        if module in seen or module == own or root not in module.parents:
+            continue
+        try:
+            seen[module] = hashlib.sha256(module.read_bytes()).hexdigest()
+        except OSError:
+            continue
+        todo += _imported(module, root)
+    return {str(m.relative_to(root)): digest for m, digest in sorted(seen.items())}
+
+
 def load_target(target: str) -> Callable[..., Any]:
     """Import ``path/to/file.py:func`` or ``package.module:func``.
 

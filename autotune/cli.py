@@ -54,7 +54,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                         "trials run while they and the race fit, and the study always ends with a pick written "
                         "(default: none; the demo's space sets its own)")
     p.add_argument("--study", help="study name (default: the function's name)")
-    p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default sqlite:///studies/autotune.db)")
+    p.add_argument("--storage", help="Optuna storage URL or journal:PATH (default: the AUTOTUNE_STORAGE environment "
+                                     "variable, else sqlite:///studies/autotune.db)")
+    _add_storage_file(p)
     p.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
@@ -109,8 +111,9 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
 
 def _add_storage_options(p: argparse.ArgumentParser) -> None:
     """``--storage`` and ``--studies-dir``, for the commands that read a study."""
-    p.add_argument("--storage", help="the study's Optuna storage URL or journal:PATH (default: "
-                                     "sqlite:///STUDIES_DIR/autotune.db)")
+    p.add_argument("--storage", help="the study's Optuna storage URL or journal:PATH (default: --storage-file, "
+                                     "else the AUTOTUNE_STORAGE environment variable, else sqlite:///STUDIES_DIR/autotune.db)")
+    _add_storage_file(p)
     p.add_argument("--studies-dir", default="studies",
                    help="the folder tune wrote to: its autotune.db and <study>/best_config.json (default studies/)")
 
@@ -144,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--study", required=True)
     worker.add_argument("--storage", help="the study's storage URL (postgresql://..., journal:PATH, ...); default: "
                                            "the AUTOTUNE_STORAGE environment variable, which keeps a password out of ps")
+    _add_storage_file(worker)
     worker.add_argument("--trial-timeout", type=_positive_float, default=600.0)
     worker.add_argument("--compile-timeout", type=_positive_float, metavar="SECONDS")
     worker.add_argument("--memory-limit", type=_positive_float, metavar="GIB")
@@ -191,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="let the page change studies (rename, delete, tell trials, notes, artifacts); by default "
                            "it is read-only: a study a tuner is running must not change under it")
     return parser
+
+
+def _add_storage_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-file", metavar="PATH",
+                   help="read the storage URL from this file's first line: a password stays out of ps and shell history")
 
 
 def _add_mps_option(p: argparse.ArgumentParser) -> None:
@@ -358,7 +367,6 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 def _worker(args: argparse.Namespace) -> int:
     from autotune.study._storage import STORAGE_ENV
 
-    args.storage = args.storage or os.environ.get(STORAGE_ENV)
     if not args.storage:
         raise AutotuneError(f"autotune worker needs --storage URL (or the {STORAGE_ENV} environment variable)")
 
@@ -671,21 +679,25 @@ def _dashboard(args: argparse.Namespace) -> int:
     storage, _ = open_storage(url, Path(args.studies_dir), create=False)
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise AutotuneError("optuna-dashboard is not installed; pip install 'autotune[dashboard]'")
-    if args.host in ("0.0.0.0", "::"):
+    host, family, address = _bind_address(args.host, args.port)
+    reach = _reach(address)
+    if reach:
         what = "which can edit studies (--allow-edits)" if args.allow_edits else "read-only"
-        print(f"autotune: warning: binding to {args.host} exposes the dashboard, {what}, "
-              "to every network this machine is on", file=sys.stderr)
+        print(f"autotune: warning: binding to {args.host or repr(args.host)} ({address}) exposes the dashboard, "
+              f"{what}, to {reach}", file=sys.stderr)
     import socket
 
     try:  # a port in use would end in optuna-dashboard's traceback, after the exec
-        with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
-            probe.bind((args.host, args.port))
+        with socket.socket(family) as probe:
+            probe.bind((address, args.port))
     except OSError as exc:
-        raise AutotuneError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}); pick another --port") from None
+        raise AutotuneError(f"cannot listen on {address}:{args.port} ({exc.strerror}); pick another --port") from None
+    args.host = address
     artifacts = Path(args.studies_dir) / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     mode = "edits allowed" if args.allow_edits else "read-only; --allow-edits to edit studies"
-    print(f"optuna-dashboard on http://{args.host}:{args.port}/ for {mask_url(url)} ({mode}; Ctrl-C to stop)",
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"optuna-dashboard on http://{shown}:{args.port}/ for {mask_url(url)} ({mode}; Ctrl-C to stop)",
           flush=True)
     if url.startswith("journal:"):
         # optuna-dashboard cannot guess a storage from "journal:PATH": give it the storage object, which
@@ -698,6 +710,37 @@ def _dashboard(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
     return 0
+
+
+def _bind_address(host: str, port: int) -> tuple[str, int, str]:
+    """``--host`` as given (brackets dropped), its address family, and the address it binds: a name, "" or
+    a short form such as ``0`` is resolved as the server will resolve it.
+
+    Raises:
+        AutotuneError: the host resolves to no address.
+    """
+    import socket
+
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        infos = socket.getaddrinfo(bare or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise AutotuneError(f"--host {host!r}: no address by that name ({getattr(exc, 'strerror', None) or exc}); "
+                            "use 127.0.0.1, or a name or address of this machine") from None
+    family, _, _, _, sockaddr = infos[0]
+    return bare, family, str(sockaddr[0])
+
+
+def _reach(address: str) -> str:
+    """Who else can reach a server bound to ``address`` ("" for this machine only)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if ip.is_loopback:
+        return ""
+    if ip.is_unspecified:
+        return "every network this machine is on"
+    return f"the networks that reach {address}"
 
 
 def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path, *, allow_edits: bool) -> int:
@@ -728,6 +771,16 @@ def _serve_dashboard(storage: Any, host: str, port: int, artifacts: Path, *, all
     return 0
 
 
+def _resolve_storage(args: argparse.Namespace) -> None:
+    """Set ``args.storage`` from ``--storage``, ``--storage-file`` or ``AUTOTUNE_STORAGE`` (``storage_from``), and
+    take the variable out of this process's environment: trials, and the forkserver that starts them,
+    inherit the environment, and their ``/proc/PID/environ`` is readable by the user's other processes."""
+    from autotune.study._storage import STORAGE_ENV, storage_from
+
+    args.storage = storage_from(args.storage, getattr(args, "storage_file", None))
+    os.environ.pop(STORAGE_ENV, None)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     import optuna
@@ -741,6 +794,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if argv is None:
             restore = None  # the process's own entry point: keep them through exit, when a Ctrl-C may still come
     try:
+        if hasattr(args, "storage"):
+            _resolve_storage(args)
         if args.command == "tune":
             return _tune(args, args.target)
         if args.command == "demo":
@@ -762,8 +817,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"autotune: error: {printable(str(exc))}", file=sys.stderr)  # it may quote a trial's exception
         return 1
     except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
+        import errno
+
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
+        full = ("; the disk is full: free space on it, then rerun the same command to resume"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "")
+        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}{full}')}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a storage on a full disk or a damaged file fails deep inside Optuna
+        from autotune.study._storage import storage_failure
+
+        failure = storage_failure(exc, getattr(args, "storage", None))
+        if failure is None:
+            raise
+        print(f"autotune: error: {printable(str(failure))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit

@@ -91,3 +91,11 @@ def fail_on_rank_1_then_linger(ctx) -> None:
     if ctx.rank == 1:
         threading.Thread(target=close_late).start()  # not a daemon: the process waits for it at exit
     fail_on_rank_1(ctx)
+
+
+def train_ddp_teardown_hangs(ctx) -> None:
+    """``train_ddp`` on a torch whose process group teardown never returns on rank 1 (as torch 2.13.0's CPU
+    build can, in ``~ProcessGroupGloo`` joining its threads): the trial's result must not wait for it."""
+    if ctx.rank == 1:
+        dist.destroy_process_group = lambda *args, **kwargs: time.sleep(1000)
+    train_ddp(ctx)

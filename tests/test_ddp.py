@@ -91,6 +91,17 @@ def test_a_failing_rank_fails_the_trial_by_name(tmp_path: Path) -> None:
     assert time.monotonic() - start < 60
 
 
+def test_the_result_is_written_before_the_process_group_is_torn_down(tmp_path: Path) -> None:
+    """A teardown that hangs on one rank (torch 2.13.0's CPU build, in ~ProcessGroupGloo) costs nothing: each
+    rank writes its result, then ends without tearing its group down."""
+    config = TrialConfig(batch_size=16, processes_per_trial=2)
+    start = time.monotonic()
+    outcome = run_isolated(_spec("train_ddp_teardown_hangs", config), workdir=tmp_path, timeout=60)
+    assert outcome.status == "ok", outcome.error + outcome.stderr_tail
+    assert (tmp_path / "rank1" / "result.json").exists()
+    assert time.monotonic() - start < 45
+
+
 def test_a_timeout_kills_every_rank_and_its_children(tmp_path: Path) -> None:
     start_trial_server()  # its start-up (torch's import) would otherwise eat the short deadline
     piddir = tmp_path / "pids"

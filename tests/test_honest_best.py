@@ -238,3 +238,33 @@ def test_two_workers_confirm_the_top_k_once_and_warn_that_they_share_the_cores(t
     doc = json.loads((studies / "s" / "best_config.json").read_text())
     assert doc["verdict"] == "1.50x faster than the baseline" and doc["colocation_warning"]
     assert "Verdict: 1.50x faster than the baseline (per-round ratios 1.50x-1.50x" in proc.stdout
+
+
+def test_a_dead_workers_claim_from_another_host_is_taken_over_on_a_rerun(tmp_path, cpu_caps, monkeypatch, capfd):
+    """A worker on another host claimed the race and died (its lease was never renewed): a rerun here races
+    and says it took the claim over; a live claim (a fresh lease) is still left to its worker."""
+    from autotune.study._confirm import CLAIM
+    from autotune.study._workers import LEASE_KEY
+
+    _env(monkeypatch, tmp_path, {"base": 100.0, "B": 150.0, "C": 80.0, "D": 70.0}, {})
+    _tuner(tmp_path, cpu_caps, grace_period=2).run()
+    study = _study(tmp_path)
+    signature = study.user_attrs["top_k_confirmation"]["candidates"]
+    dead = "gone-host.example:4242:1"
+    study.set_user_attr("top_k_confirmation", None)  # not raced yet, as when the dead worker claimed it
+    study.set_user_attr(CLAIM, {"worker": dead, "candidates": signature, "at": time.time(), LEASE_KEY: time.time() - 30})
+    capfd.readouterr()
+    _tuner(tmp_path, cpu_caps, grace_period=2).run()
+    err = capfd.readouterr().err
+    study = _study(tmp_path)
+    assert study.user_attrs["top_k_confirmation"]["candidates"] == signature  # raced, not skipped
+    assert study.user_attrs[CLAIM]["worker"] != dead
+    line = [ln for ln in err.splitlines() if "taking over the race" in ln]
+    assert len(line) == 1 and f"worker {dead} renewed no lease for 3" in line[0] and "grace period 2s" in line[0]
+
+    alive = "busy-host.example:4242:1"
+    study.set_user_attr("top_k_confirmation", None)
+    study.set_user_attr(CLAIM, {"worker": alive, "candidates": signature, "at": time.time(), LEASE_KEY: time.time()})
+    _tuner(tmp_path, cpu_caps, grace_period=2).run()
+    study = _study(tmp_path)
+    assert study.user_attrs["top_k_confirmation"] is None and study.user_attrs[CLAIM]["worker"] == alive

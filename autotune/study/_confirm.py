@@ -26,6 +26,8 @@ import math
 import os
 import socket
 import statistics
+import sys
+import threading
 import time
 from typing import Any, Optional
 
@@ -40,7 +42,7 @@ from autotune.study._budget import StudyClock
 from autotune.study._options import ConfirmOptions
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
-from autotune.study._workers import _worker_alive
+from autotune.study._workers import LEASE_KEY, LeaseWatch, _worker_alive, lease_timing
 
 CLAIM = "top_k_confirmation_claim"
 # How long a claim settles before its worker reads it back (Fischer's mutual exclusion): longer than a
@@ -156,11 +158,11 @@ def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOpti
         return False  # already confirmed these, e.g. on a resume with nothing new
     if _running_elsewhere(study):
         return False
-    hold = len(entrants) * options.confirm_rounds * runner.timeout
-    if not _claim(study, signature, worker, hold_seconds=hold):
+    if not _claim(study, signature, worker, ui=ui):
         return False
     race = _Race(study, entrants, base_key, options.confirm_rounds)
-    race.run(runner, seed=seed, ui=ui, clock=clock or StudyClock())
+    with _ClaimLease(study, signature, worker):
+        race.run(runner, seed=seed, ui=ui, clock=clock or StudyClock())
     if not race.rounds:
         return False  # the budget had no time for one run: nothing is recorded, a resume can race them
     study.set_user_attr(CONFIRMATION, race.record(signature, worker))
@@ -296,31 +298,85 @@ def _running_elsewhere(study: optuna.Study) -> bool:
     return False
 
 
-def _claim_live(claim: dict[str, Any], hold_seconds: float) -> bool:
+def _claim_stale(study: optuna.Study, claim: dict[str, Any]) -> str:
+    """Why ``claim`` is held by no live worker any more ("" while its worker may still race).
+
+    A worker on this host is judged by its process; one on another host by its lease (``LEASE_KEY`` in the
+    claim, renewed while it races), as running trials are (``LeaseWatch``): older than the grace period,
+    and seen unrenewed here for two renewal intervals.
+    """
     worker = str(claim.get("worker", ""))
     if worker.startswith(f"{socket.gethostname()}:"):
-        return _worker_alive(worker)
-    return time.time() - float(claim.get("at", 0.0)) < hold_seconds  # another host: trust it for a while
+        return "" if _worker_alive(worker) else f"worker {worker} is gone"
+    watch = LeaseWatch(study._storage)
+    lease = claim.get(LEASE_KEY, claim.get("at", 0.0))
+    lease = float(lease) if isinstance(lease, (int, float)) else 0.0
+    if time.time() - lease <= watch.grace:
+        return ""
+    watch.stale_since(CLAIM, lease)
+    time.sleep(2 * watch.interval)
+    if (study.user_attrs.get(CLAIM) or {}) != claim:
+        return ""  # renewed, or claimed by another worker meanwhile
+    age = watch.stale_since(CLAIM, lease)
+    if age is None:
+        return ""
+    return f"worker {worker or '(unknown)'} renewed no lease for {age:.0f}s (grace period {watch.grace:g}s)"
 
 
-def _claim(study: optuna.Study, signature: list[Optional[int]], worker: str, *, hold_seconds: float) -> bool:
+def _claim(study: optuna.Study, signature: list[Optional[int]], worker: str, *, ui: Optional[_Progress] = None) -> bool:
     """Claim the re-measurement of these candidates for ``worker``: False when another live worker has.
 
     Optuna's storages have no compare-and-set, so this is Fischer's algorithm: check, write, wait longer
     than a write takes, read back. Of workers that claim at the same moment only the last writer keeps
-    it; one that comes later sees the claim and leaves it.
+    it; one that comes later sees the claim and leaves it, unless its worker is gone (``_claim_stale``):
+    then it takes the claim over and says so in one line.
     """
     claim = study.user_attrs.get(CLAIM)
-    if (claim and claim.get("candidates") == signature and claim.get("worker") != worker
-            and _claim_live(claim, hold_seconds)):
-        return False
-    study.set_user_attr(CLAIM, {"worker": worker, "candidates": signature, "at": time.time()})
+    if claim and claim.get("candidates") == signature and claim.get("worker") != worker:
+        stale = _claim_stale(study, claim)
+        if not stale:
+            return False
+        line = f"autotune: taking over the race of the finalists: the claim's {stale}"
+        if ui is not None and ui.shows():
+            ui.say(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+    now = time.time()
+    study.set_user_attr(CLAIM, {"worker": worker, "candidates": signature, "at": now, LEASE_KEY: round(now, 3)})
     others = {t.user_attrs.get("worker") for t in study.get_trials(deepcopy=False)} - {worker, None}
-    if not others:
+    if not others and not claim:
         return True  # this process ran every trial: nobody else can be claiming
     time.sleep(CLAIM_SETTLE_SECONDS)
     claim = study.user_attrs.get(CLAIM) or {}
     return claim.get("worker") == worker and claim.get("candidates") == signature
+
+
+class _ClaimLease:
+    """Renews the claim's lease while its worker races, so that workers on other hosts see it alive."""
+
+    def __init__(self, study: optuna.Study, signature: list[Optional[int]], worker: str) -> None:
+        self.study, self.signature, self.worker = study, signature, worker
+        self.interval, _ = lease_timing(study._storage)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="autotune-claim-lease", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                claim = self.study.user_attrs.get(CLAIM) or {}
+                if claim.get("worker") != self.worker:
+                    return  # taken over while this worker was paused: its race result still records
+                self.study.set_user_attr(CLAIM, {**claim, LEASE_KEY: round(time.time(), 3)})
+            except Exception:  # noqa: BLE001 - the storage is gone; the race's own writes will say so
+                return
+
+    def __enter__(self) -> "_ClaimLease":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def confirm_long(study: optuna.Study, runner: TrialRunner, options: ConfirmOptions, *, seed: int,

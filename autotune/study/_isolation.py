@@ -134,6 +134,14 @@ def _nothing() -> None:
     pass
 
 
+def trial_environ() -> dict[str, str]:
+    """The coordinator's environment as a trial gets it: without the storage URL (``STORAGE_ENV``), whose
+    password the user's code has no need of."""
+    from autotune.study._storage import STORAGE_ENV
+
+    return {key: value for key, value in os.environ.items() if key != STORAGE_ENV}
+
+
 def _trial_server_dead(wait: float = 0.0) -> bool:
     """Whether the forkserver was started and has died since (it is then a zombie, or gone).
 
@@ -297,7 +305,7 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
     for spec, where in zip(specs, files):
         proc = _mp_context().Process(
             target=_child,
-            args=(spec, str(where.result), str(where.log), os.getpid(), dict(os.environ), str(where.clock)),
+            args=(spec, str(where.result), str(where.log), os.getpid(), trial_environ(), str(where.clock)),
             daemon=False,
         )
         proc.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -28,6 +29,7 @@ from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
 from autotune.study._signals import Interrupted, held_signals, interrupt_reason
+from autotune.study._storage import storage_failure
 from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_alive, _worker_id
 
 
@@ -38,6 +40,31 @@ INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault
 # compile, say) may still fit after an expensive one did not.
 OVER_BUDGET_LIMIT = 3
 
+
+def fail_heartbeat_stale(study: optuna.Study) -> None:
+    """Optuna's ``fail_stale_trials``, with the reason recorded: a trial whose worker sent no heartbeat
+    within the storage's grace period gets ``failure`` = ``stale: ...`` before it is failed, as a journal's
+    trial without a lease does, then the storage's callback runs (it re-enqueues the config once)."""
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    storage = study._storage
+    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+        return
+    grace = getattr(getattr(storage, "_backend", storage), "grace_period", None)
+    failed = []
+    for trial_id in storage._get_stale_trial_ids(study._study_id):
+        worker = storage.get_trial(trial_id).user_attrs.get("worker", "") or "(unknown)"
+        try:
+            storage.set_trial_user_attr(trial_id, "failure", f"stale: worker {worker} sent no heartbeat for "
+                                        f"{grace}s (the grace period)")
+            if storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                failed.append(trial_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # another process failed it first
+    callback = storage.get_heartbeat_stale_trial_callback()
+    if callback is not None:
+        for trial_id in failed:
+            callback(study, copy.deepcopy(storage.get_trial(trial_id)))
 
 class TrialLoop:
     """Runs one worker's share of a study's trials.
@@ -262,6 +289,8 @@ class TrialLoop:
             try:
                 self._tell(trial, config, finished)
             except Exception as err:  # the reason it is not kept goes with the FAIL below
+                if storage_failure(err, None) is not None:
+                    raise  # a full disk or a damaged file: the FAIL cannot be written either; a resume fails it
                 warnings.warn(f"trial {trial.number}: its finished result was not recorded: {err}", stacklevel=2)
             if not running():
                 return
@@ -315,7 +344,7 @@ class TrialLoop:
         study = self.study
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)  # heartbeat storages; their callback re-enqueues
+            fail_heartbeat_stale(study)  # heartbeat storages; their callback re-enqueues
         host = socket.gethostname()
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             worker = trial.user_attrs.get("worker", "")

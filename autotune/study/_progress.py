@@ -97,6 +97,10 @@ class _Progress:
     def start_trial(self, number: int, config: TrialConfig) -> None:
         self.status(f"#{number} {config.describe()}")
 
+    def shows(self) -> bool:
+        """Whether a progress bar is shown (``say`` prints nothing without one)."""
+        return self._progress is not None
+
     def say(self, text: str) -> None:
         """One line above the bar, printed as it is (no markup, no wrapping; control characters escaped: a
         trial's error text is the workload's)."""

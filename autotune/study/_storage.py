@@ -28,19 +28,112 @@ RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 STORAGE_ENV = "AUTOTUNE_STORAGE"
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def mask_url(text: str) -> str:
     """``text`` with the password of every URL in it replaced by ``***``, for messages, logs and files.
 
-    The user part ends at the last ``@`` before the host (a password may hold ``/``, ``:`` or a raw
-    ``@``), and an empty user name still hides the password; ``password=`` in a query string is masked too.
+    A password runs from the first ``:`` of the user part to the last ``@`` of the line before the next
+    URL, so one that holds ``/``, ``:``, a raw ``@`` or a raw space is hidden whole (text between two such
+    ``@`` is hidden with it: too much, never too little). An empty user name still hides the password;
+    ``password=`` in a query string is masked too.
     """
-    def userinfo(match: "re.Match[str]") -> str:
-        user, sep, _ = match.group(2).partition(":")
-        return f"{match.group(1)}{user}{sep and ':***'}@"
+    out: list[str] = []
+    pos = 0
+    for match in _SCHEME.finditer(text):
+        if match.start() < pos:
+            continue  # inside a password already hidden
+        after = match.end()
+        stop = next((m.start() for m in _SCHEME.finditer(text, after)), len(text))
+        line_end = text.find("\n", after)
+        stop = min(stop, line_end if line_end >= 0 else len(text))
+        user = re.match(r"[^:@/\s]*", text[after:stop]).group(0)  # type: ignore[union-attr]
+        colon = after + len(user)
+        at = text.rfind("@", colon, stop)
+        if colon < stop and text[colon] == ":" and at > colon:
+            out.append(text[pos:colon] + ":***")
+            pos = at
+    out.append(text[pos:])
+    return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", "".join(out))
 
-    # scheme://USER[:PASSWORD]@ with the password running to the last "@" before whitespace.
-    text = re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s@]*(?:@[^\s@]*)*?)@(?=[^\s@]*$|[^\s@]*\s)", userinfo, text)
-    return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", text)
+
+def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
+    """The storage URL a command was given: ``--storage``, else the first line of ``--storage-file``, else
+    the ``AUTOTUNE_STORAGE`` environment variable (the last two keep a password out of ``ps`` and shell
+    history); ``None`` for the default.
+
+    Raises:
+        StudyError: the file cannot be read or holds no URL.
+    """
+    if url:
+        return url
+    if path:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as exc:
+            raise StudyError(f"--storage-file {path}: cannot read it ({exc.strerror or exc})") from None
+        if not text:
+            raise StudyError(f"--storage-file {path}: the file is empty; put the storage URL on its first line")
+        return text.splitlines()[0].strip()
+    import os
+
+    return os.environ.get(STORAGE_ENV) or None
+
+
+# How a driver says the disk is full, and how SQLite says its file is damaged.
+DISK_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded", "could not extend file",
+             "file too large")
+DAMAGED = ("database disk image is malformed", "file is not a database", "btreeinitpage", "on tree page", "corrupt")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    todo: list[Optional[BaseException]] = [exc]
+    while todo:
+        item = todo.pop()
+        if item is None or any(item is s for s in seen) or len(seen) > 20:
+            continue
+        seen.append(item)
+        orig = getattr(item, "orig", None)  # SQLAlchemy's wrapped driver error
+        todo += [item.__cause__, item.__context__, orig if isinstance(orig, BaseException) else None]
+    return seen
+
+
+def storage_failure(exc: BaseException, url: Optional[str]) -> Optional[StudyError]:
+    """One line for a storage on a full disk, or a damaged SQLite file, from whatever the driver raised
+    (``None`` for any other error).
+
+    Args:
+        url: The storage's URL (``None``: the default SQLite file); it is masked in the line.
+    """
+    import errno
+
+    for cause in _causes(exc):
+        text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        lower = text.lower()
+        where = mask_url(url) if url else "the study database"
+        if (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)) or any(
+                k in lower for k in DISK_FULL):
+            return StudyError(f"storage {where}: the disk is full ({mask_url(text)[:200]}); free space on it, then "
+                              "rerun the same command to resume (a trial it was running is run again)")
+        if type(cause).__name__ in ("DatabaseError", "IntegrityError", "OperationalError") and any(
+                k in lower for k in DAMAGED):
+            name = url[len("sqlite:///"):] if url and url.startswith("sqlite:///") else where
+            return StudyError(f"the study database {name} is damaged ({mask_url(text)[:200]}); restore it from a copy "
+                              "(or move it aside to start a new study there)")
+    return None
+
+
+def _check_sqlite(path: Path) -> None:
+    """Refuse a damaged SQLite file before Optuna reads it (SQLite's quick check: every page's structure)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
+        rows = conn.execute("PRAGMA quick_check").fetchall()
+    if rows and rows[0][0] != "ok":
+        problem = " ".join(str(rows[0][0]).replace("*** in database main ***", "").split())
+        raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
 
 
 def _enable_sqlite_wal(path: Path) -> None:
@@ -105,6 +198,8 @@ def open_storage(
         with warnings.catch_warnings(), creation:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if url.startswith("sqlite:///"):
+                if path.is_file() and path.stat().st_size:
+                    _check_sqlite(path)
                 _enable_sqlite_wal(path)
             if grace_period is not None:
                 options = {
@@ -123,6 +218,9 @@ def open_storage(
             f"{mask_url(url)}: a driver is missing ({exc.name}); for PostgreSQL install autotune[postgres]"
         ) from None
     except Exception as exc:  # SQLAlchemy raises many types; the user needs one line
+        failure = storage_failure(exc, url)
+        if failure is not None:
+            raise failure from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot open storage {mask_url(url)}: {mask_url(first)}") from None
 

@@ -22,7 +22,7 @@ from autotune import hardware as _hardware
 from autotune._config import Measurement, Result, TrialConfig
 from autotune._errors import AutotuneError, SpaceError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
-from autotune._target import target_digest, target_file, target_of
+from autotune._target import local_modules, target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
 from autotune.search._sampler import GuidedSampler
@@ -48,6 +48,7 @@ CREATING = "creating"
 CREATION_DONE = "creation_done"
 CREATION_WAIT_SECONDS = 120.0
 SCRIPT_BATCH = "script_batch_adopted"  # the global batch adopted from the script's ctx.loader(batch_size=)
+TARGET_MODULES = "target_modules_sha256"  # of the user's modules the target imports: path -> sha256
 TARGET_DIGEST = "target_sha256"  # of the target's source file when the study was created  # how long a live creator on this host is waited for
 # Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
 # costs minutes on a few cores, so both are tried as moves rather than assumed.
@@ -235,6 +236,15 @@ class Tuner:
             print(f"autotune: warning: {target_file(self.target)} changed since study {self.study_name!r} was "
                   f"created (sha256 {stored[:12]} -> {now[:12]}): trials before and after measure different "
                   "code; use a new --study name to compare like with like", file=sys.stderr, flush=True)
+        before = study.user_attrs.get(TARGET_MODULES)
+        if isinstance(before, dict):
+            after = local_modules(self.target)
+            changed = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+            if changed:
+                print(f"autotune: warning: module{'s' if len(changed) > 1 else ''} {', '.join(changed)} that "
+                      f"{target_file(self.target)} imports changed since study {self.study_name!r} was created: "
+                      "trials before and after measure different code; use a new --study name to compare like "
+                      "with like", file=sys.stderr, flush=True)
 
     def _join(self, storage: Any) -> optuna.Study:
         if not study_exists(storage, self.study_name):
@@ -316,6 +326,7 @@ class Tuner:
         attrs = {
             "target": self.target,
             TARGET_DIGEST: target_digest(self.target),
+            TARGET_MODULES: local_modules(self.target),
             "space_name": space.name,
             "baseline_source": f"{self._baseline_source}; the global batch from {self._batch_source}",
             "global_batch_source": self._batch_source,

@@ -79,21 +79,39 @@ class _Heartbeat:
             self._thread.join()
 
 
-class LeaseWatch:
-    """Judges running trials of workers on other hosts by their lease, on a storage without heartbeats.
+# A lease's timing on a storage that keeps neither heartbeats nor leases (an RDB storage opened without a
+# grace period): the journal's defaults.
+DEFAULT_LEASE_INTERVAL = 10.0
+DEFAULT_LEASE_GRACE = 60.0
 
-    A trial is stale when its lease (else its start) is older than the grace period by the wall clock,
+
+def lease_timing(storage: Any) -> tuple[float, float]:
+    """How often a lease is renewed and after how long without a renewal it is stale, in seconds: a
+    journal's lease, else the RDB storage's heartbeat, else the defaults."""
+    storage = getattr(storage, "_backend", storage)  # Optuna wraps RDB storages in a cache
+    if hasattr(storage, "lease_grace_period"):
+        return float(storage.lease_interval), float(storage.lease_grace_period)
+    interval, grace = getattr(storage, "heartbeat_interval", None), getattr(storage, "grace_period", None)
+    if interval and grace:
+        return float(interval), float(grace)
+    return DEFAULT_LEASE_INTERVAL, DEFAULT_LEASE_GRACE
+
+
+class LeaseWatch:
+    """Judges leases of workers on other hosts: running trials on a storage without heartbeats, and the
+    race's claim (``_confirm``) on any storage.
+
+    A lease is stale when it (else the trial's start) is older than the grace period by the wall clock,
     and this process has itself seen it unrenewed for two renewal intervals: a worker whose clock runs
-    behind still renews, so a skewed clock alone never fails a live trial.
+    behind still renews, so a skewed clock alone never takes a live worker's place.
 
     Args:
-        storage: A storage with ``lease_grace_period`` and ``lease_interval`` (``_journal``).
+        storage: The study's storage; its timing is ``lease_timing``'s.
     """
 
     def __init__(self, storage: Any) -> None:
-        self.grace = float(storage.lease_grace_period)
-        self.interval = float(storage.lease_interval)
-        self._seen: dict[int, tuple[float, float]] = {}  # trial id -> (lease, monotonic time first seen)
+        self.interval, self.grace = lease_timing(storage)
+        self._seen: dict[Any, tuple[float, float]] = {}  # what holds the lease -> (lease, monotonic first seen)
 
     def stale_for(self, trial: Any) -> Optional[float]:
         """Seconds since the trial's lease was renewed when it is stale, else None."""
@@ -102,10 +120,14 @@ class LeaseWatch:
             if trial.datetime_start is None:
                 return None
             lease = trial.datetime_start.timestamp()
+        return self.stale_since(trial._trial_id, lease)
+
+    def stale_since(self, holder: Any, lease: float) -> Optional[float]:
+        """Seconds since ``holder``'s lease (wall-clock seconds) was renewed when it is stale, else None."""
         now = time.monotonic()
-        seen = self._seen.get(trial._trial_id)
+        seen = self._seen.get(holder)
         if seen is None or seen[0] != lease:
-            self._seen[trial._trial_id] = (lease, now)
+            self._seen[holder] = (lease, now)
             return None
         age = time.time() - lease
         if age > self.grace and now - seen[1] >= 2 * self.interval:

@@ -77,13 +77,6 @@ def start(rank: Rank, device: torch.device) -> None:
                                 timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_SECONDS))
 
 
-def stop() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def active() -> bool:
     """Whether this process is one rank of several."""
     import torch.distributed as dist

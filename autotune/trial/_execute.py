@@ -166,17 +166,13 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
             measurement = ctx.measurement()
         return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
-        rank = None  # a failed rank leaves its group to the process's exit: a teardown may wait on a dead peer
         traceback.print_exc()
         status = "error" if isinstance(exc, WorkloadError) else classify_exception(
             exc, memory_limited=spec.memory_limit_gib is not None)
         return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
-    finally:
-        if rank is not None:
-            try:
-                _distributed.stop()
-            except Exception:  # noqa: BLE001 - a peer that died leaves the group broken; the result stands
-                pass
+    # A rank's process group is never torn down here: the trial process writes its result, then ends with
+    # os._exit, which skips the teardown. Tearing it down first can hang before the result exists (torch
+    # 2.13.0's CPU build joins gloo's threads in ~ProcessGroupGloo; a failed peer leaves it waiting too).
 
 
 def _share_cores(ranks: int) -> None:
