@@ -64,7 +64,7 @@ def test_the_url_comes_from_the_environment_or_a_file_and_no_trial_sees_it(postg
 
     (tmp_path / "url").write_text(url + "\n")
     for how, env in ((["--storage-file", str(tmp_path / "url")], {}), ([], {"AUTOTUNE_STORAGE": url})):
-        best = _autotune("best", "s", "--studies-dir", studies, *how, env=env, timeout=120)
+        best = _autotune("best", "s", "--studies-dir", studies, "--format", "json", *how, env=env, timeout=120)
         assert best.returncode == 0 and '"batch_size"' in best.stdout, best.stderr
     missing = _autotune("best", "s", "--storage-file", str(tmp_path / "nope"), timeout=120)
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "--storage-file" in missing.stderr
