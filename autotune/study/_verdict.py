@@ -42,7 +42,8 @@ DIVERGED_RISE = 0.25  # a loss that ends this share above where it began, while 
 PAIRED_WINDOW = 0.5  # the paired test judges the last half of the loss points: the training's outcome
 PAIRED_BLOCKS = 8  # block means of the paired difference: few enough that neighbouring blocks are near independent
 PAIRED_SHARE = 0.1  # the margin: a tenth of how far a change of seed moves fp32's loss, paired the same way ...
-PAIRED_FLOOR = 0.01  # ... or this share of the reference's loss (max_accuracy_loss when larger), whichever is larger
+PAIRED_FLOOR = 0.025  # ... or this share of the reference's loss (max_accuracy_loss when larger): bf16 rounding alone
+# moved the planted workload's paired loss by up to 1.9% of it (benchmarks/results/accuracy-cpu.md)
 MIN_PAIRED_POINTS = 8  # fewer points in the window cannot give block means
 FINGERPRINT_RTOL = 1e-6  # float64 sums of the same numbers in another order agree far closer than this
 FIRST_LOSS_RTOL = 1e-3  # an fp32 trial's first loss against the reference's: same weights, same batch
