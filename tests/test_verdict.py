@@ -160,7 +160,7 @@ def test_a_blind_check_cannot_vouch_but_can_still_find_harm() -> None:
 
 
 def test_under_scale_a_reference_that_learned_less_than_the_baseline_cannot_vouch() -> None:
-    band = ReferenceBand(metrics=(0.09, 0.09))  # fp32 at this global batch, at chance; the baseline reached 1.0
+    band = ReferenceBand(metrics=(0.09, 0.092))  # fp32 at this global batch, at chance; the baseline reached 1.0
     at_chance = judge([], 0.09, band, reference_metric=0.09, max_accuracy_loss=0.01, baseline_metric=1.0)
     assert at_chance.label == "unchecked" and "learned less than the baseline" in at_chance.evidence
     learned = judge([], 0.995, ReferenceBand(metrics=(1.0, 0.995)), reference_metric=1.0, max_accuracy_loss=0.01,
