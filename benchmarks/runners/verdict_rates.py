@@ -1,6 +1,7 @@
 """How often the accuracy verdict is wrong: false alarms on clean twins, misses on planted harm, over seeds.
 
     python -m benchmarks.runners.verdict_rates --seeds 20 --out benchmarks/results/accuracy-cpu.md
+    python -m benchmarks.runners.verdict_rates --paired --seeds 20 --cache runs.json --out benchmarks/results/accuracy-cpu.md
 
 Runs ``benchmarks/workloads/planted.py`` in this process through the real trial entry point (the same
 ``TrialContext``, ``ctx.train_step`` and verdict as a study), on the CPU, under ``batch_policy: fixed``
@@ -118,7 +119,7 @@ def paired_section(runs: dict[int, dict[str, list[dict[str, Any]]]], command: st
         f"{os.cpu_count()} cores (shared with other jobs); torch {torch.__version__}; {seconds:,.0f} s. "
         f"{len(runs)} study seeds per row.",
         "",
-        "The same workload and runs as above, judged on the training loss alone (no metric): 'band' is "
+        "The same workload and configs as above (new runs), judged on the training loss alone (no metric): 'band' is "
         "today's check (the final-quarter loss against the two-seed prediction band), 'paired' the new one (the "
         "trial's loss minus the fp32 run at its own seed, step by step, over the last half of the steps; "
         "degraded when the one-sided 95% upper bound of the mean difference, from 8 block means, exceeds the "
@@ -153,7 +154,7 @@ def main() -> None:
         runs = {k: v for k, v in sorted(runs.items()) if k < args.seeds}
         command = f"python -m benchmarks.runners.verdict_rates --paired --seeds {args.seeds} --out {args.out}"
         if args.cached_only:
-            command += f" --cache runs.json --cached-only` (study seeds {', '.join(map(str, runs))}`)"
+            command += f" --cache runs.json --cached-only (study seeds {', '.join(map(str, runs))})"
         section = paired_section(runs, command, time.perf_counter() - started)
         out = Path(args.out)
         text = out.read_text() if out.exists() else ""
