@@ -67,8 +67,11 @@ def accuracy_lines(study: optuna.Study, best_number: Optional[int]) -> list[str]
     if counts:
         text = ", ".join(f"{counts[v]} {v}" for v in VERDICT_ORDER if counts[v])
         seeds = len((attrs.get("reference_band") or {}).get("finals") or attrs.get("reference_metrics") or [])
-        lines.append(f"Accuracy verdicts (final-quarter training loss against {seeds} fp32 seed(s) at the same global "
-                     f"batch, and the metric when reported): {text}.")
+        band = attrs.get("reference_band") or {}
+        loss = (f"training loss paired step by step with the fp32 run at the trial's seed, or where that pairing "
+                f"fails its final quarter against {seeds} fp32 seed(s)" if band.get("paired") else
+                f"final-quarter training loss against {seeds} fp32 seed(s)")
+        lines.append(f"Accuracy verdicts ({loss} at the same global batch, and the metric when reported): {text}.")
     if best_number is not None:
         best = study.trials[best_number].user_attrs
         if "accuracy_verdict" in best:

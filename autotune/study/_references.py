@@ -26,7 +26,7 @@ from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
-from autotune.study._verdict import ReferenceBand, Verdict, judge
+from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
 
 CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
 
@@ -75,7 +75,7 @@ class References:
                 )
             measurements.append(outcome.measurement)
         metrics = [m.metric for m in measurements]
-        band = ReferenceBand.of([(m.losses, m.metric) for m in measurements])
+        band = ReferenceBand.of_measurements(measurements)  # the first seed's full trajectory, for pairing
         return {
             "baseline_config": config.to_dict(),
             "baseline_throughput": measurements[0].throughput,
@@ -131,7 +131,7 @@ class References:
             bad = runs[-1][1]
             study.set_user_attr(failed, f"{bad.status}: {bad.error}")
             return time.perf_counter() - started
-        band = ReferenceBand.of([(m.losses, m.metric) for m in measurements])
+        band = ReferenceBand.of_measurements(measurements)
         study.set_user_attr(f"{BATCH_REFERENCE_BAND}{batch}", band.to_dict())
         study.set_user_attr(f"reference_curves:batch={batch}", [_curve(m) for m in measurements])
         if measurements[0].metric is not None:
@@ -152,7 +152,8 @@ class References:
         return judge_stored(study.user_attrs, config, measurement.losses, measurement.metric,
                             baseline_global_batch=self._baseline.global_batch_size,
                             max_accuracy_loss=self.options.max_accuracy_loss,
-                            metric_direction=self.options.metric_direction, metric_reference=same_seed)
+                            metric_direction=self.options.metric_direction, metric_reference=same_seed,
+                            loss_every=measurement.loss_every, extras=measurement.extras)
 
     def blind_reasons(self, study: optuna.Study) -> list[str]:
         """Why the study's accuracy check cannot see harm, if it cannot (from the baseline's references)."""
@@ -165,10 +166,15 @@ class References:
 
 def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[float], metric: Optional[float], *,
                  baseline_global_batch: int, max_accuracy_loss: float, metric_direction: str,
-                 metric_reference: bool = True) -> Verdict:
+                 metric_reference: bool = True, loss_every: int = 1,
+                 extras: Optional[dict[str, Any]] = None) -> Verdict:
     """Judge a trial at ``config``'s global batch against the references a study stored (``attrs``): its own
     global batch's when recorded, else the baseline's, with a note saying so. A pure function of stored
-    numbers, so a finished study can be judged again by the current rules."""
+    numbers, so a finished study can be judged again by the current rules.
+
+    A run at the references' seed (``metric_reference``) at their global batch is paired with the first
+    seed's trajectory through the fingerprints in its ``extras``; any other is judged against the band.
+    """
     batch = config.global_batch_size
     own = attrs.get(f"{BATCH_REFERENCE_BAND}{batch}")
     note = ""
@@ -183,9 +189,12 @@ def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[fl
     own_batch = own is not None and batch != baseline_global_batch
     if not metric_reference:  # another seed than the references': its loss trajectory alone is judged
         reference_metric = metric = None
+    # Against another global batch's references the steps are not the same: no pairing.
+    same_steps = metric_reference and (own is not None or batch == baseline_global_batch)
     verdict = judge(losses, metric, band, reference_metric=reference_metric, max_accuracy_loss=max_accuracy_loss,
                     metric_direction=metric_direction,
-                    baseline_metric=attrs.get("reference_metric") if own_batch else None)
+                    baseline_metric=attrs.get("reference_metric") if own_batch else None, loss_every=loss_every,
+                    pairing=fingerprints(extras or {}) if same_steps else None, precision=config.precision)
     if note:
         return Verdict(verdict.label, f"{verdict.evidence} ({note})", verdict.accuracy_loss, verdict.constraint)
     return verdict

@@ -15,13 +15,21 @@ reported, is checked as before: a loss over ``max_accuracy_loss`` plus the metri
 ``degraded``. A non-finite loss, or a trial whose loss ends well above where it started (by
 ``DIVERGED_RISE``) while the reference learned, is ``diverged``; one that merely fails to learn is ``degraded``. With nothing to compare (no loss recorded, no metric), the verdict is
 ``unchecked``, never a pass.
+
+When the trial is paired with the fp32 reference at its own seed (same initial weights, same batches in
+the same order: ``pairing_failure`` checks it), the loss is judged step by step instead of against the
+band: the paired difference over the last ``PAIRED_WINDOW`` of the points, averaged in ``PAIRED_BLOCKS``
+blocks (neighbouring steps are correlated; block means much less), must have its one-sided 95% upper
+bound below a margin (``paired_margin``). That sees harm far below the seed-to-seed spread. Where the
+pairing does not hold, the band judges, and the evidence says why. docs/accuracy-verdict.md explains it.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 VERDICTS: tuple[str, ...] = ("equivalent", "degraded", "diverged", "unchecked")
@@ -31,6 +39,14 @@ DROP_FLOOR = 0.01  # ... or this share of how far the reference's loss fell, whi
 LEARNED_FRACTION = 0.05  # a reference whose loss fell by less than this share of its start did not learn
 SWAMPED_FRACTION = 0.5  # a tolerance above this share of the reference's drop cannot see harm
 DIVERGED_RISE = 0.25  # a loss that ends this share above where it began, while fp32 learned, diverged
+PAIRED_WINDOW = 0.5  # the paired test judges the last half of the loss points: the training's outcome
+PAIRED_BLOCKS = 8  # block means of the paired difference: few enough that neighbouring blocks are near independent
+PAIRED_SHARE = 0.1  # the margin: a tenth of how far a change of seed moves fp32's loss, paired the same way ...
+PAIRED_FLOOR = 0.025  # ... or this share of the reference's loss (max_accuracy_loss when larger): bf16 rounding alone
+# moved the planted workload's paired loss by up to 1.9% of it (benchmarks/results/accuracy-cpu.md)
+MIN_PAIRED_POINTS = 8  # fewer points in the window cannot give block means
+FINGERPRINT_RTOL = 1e-6  # float64 sums of the same numbers in another order agree far closer than this
+FIRST_LOSS_RTOL = 1e-3  # an fp32 trial's first loss against the reference's: same weights, same batch
 # One-sided 95% quantiles of Student's t by degrees of freedom (1-10); 1.645 beyond.
 _T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
 
@@ -66,6 +82,13 @@ class ReferenceBand:
     firsts: tuple[float, ...] = ()
     finals: tuple[float, ...] = ()
     metrics: tuple[Optional[float], ...] = ()
+    # The first seed's trajectory at its stored resolution and its fingerprints (``ctx`` extras
+    # ``pairing.*``), for the paired test of a trial at that seed; the second seed's paired difference from
+    # it (``paired_difference``'s mean) sets the margin. Empty for a study from before paired checks.
+    paired: tuple[float, ...] = ()
+    paired_every: int = 1
+    pairing: dict[str, list[float]] = field(default_factory=dict)
+    drift: Optional[float] = None
 
     @classmethod
     def of(cls, runs: Sequence[tuple[Sequence[float], Optional[float]]]) -> "ReferenceBand":
@@ -74,6 +97,20 @@ class ReferenceBand:
         usable = [s for s in summaries if s is not None and s.finite]
         return cls(firsts=tuple(s.first for s in usable), finals=tuple(s.final for s in usable),
                    metrics=tuple(m for _, m in runs))
+
+    @classmethod
+    def of_measurements(cls, measurements: Sequence[Any]) -> "ReferenceBand":
+        """From the reference seeds' ``Measurement``s, first seed first: the band, and what pairing needs."""
+        band = cls.of([(m.losses, m.metric) for m in measurements])
+        first = measurements[0] if measurements else None
+        if first is None or not first.losses or not all(math.isfinite(v) for v in first.losses):
+            return band
+        drift = None
+        if len(measurements) >= 2 and len(measurements[1].losses) == len(first.losses):
+            paired = paired_difference(measurements[1].losses, first.losses)
+            drift = paired[0] if paired is not None and math.isfinite(paired[0]) else None
+        return dataclasses.replace(band, paired=tuple(first.losses), paired_every=first.loss_every,
+                                   pairing=fingerprints(first.extras), drift=drift)
 
     @property
     def has_losses(self) -> bool:
@@ -107,29 +144,49 @@ class ReferenceBand:
         values = self.metric_values
         return max(values) - min(values) if len(values) >= 2 else 0.0
 
-    def loss_blind_reason(self) -> Optional[str]:
-        """Why the loss comparison cannot tell harmed training from clean, if it cannot."""
+    def loss_blind_reason(self, paired_margin: Optional[float] = None) -> Optional[str]:
+        """Why the loss comparison cannot tell harmed training from clean, if it cannot.
+
+        Args:
+            paired_margin: The paired test's margin when it judges; else the band's tolerance is weighed.
+        """
         if not self.has_losses:
             return None
         start = statistics.fmean(self.firsts)
         if self.drop < LEARNED_FRACTION * abs(start):
             return (f"the fp32 reference's training loss barely fell ({start:.4g} to {self.mean_final:.4g}), so the "
                     "loss check cannot tell harmed training from clean")
+        if paired_margin is not None:
+            if paired_margin > SWAMPED_FRACTION * self.drop:
+                return (f"the paired test's margin ({paired_margin:.4g}) is more than half of what the reference "
+                        f"learned ({self.drop:.4g})")
+            return None
         if self.tolerance > SWAMPED_FRACTION * self.drop:
             return (f"the seed-to-seed spread of the final loss (tolerance {self.tolerance:.4g}) is more than half of "
                     f"what the reference learned ({self.drop:.4g})")
         return None
 
+    def _study_loss_blind_reason(self, max_accuracy_loss: float) -> Optional[str]:
+        # A trial at the references' seed is paired when they stored a trajectory; the band is the fallback.
+        return self.loss_blind_reason(self.paired_margin(max_accuracy_loss) if self.paired else None)
+
     def metric_blind_reason(self, max_accuracy_loss: float) -> Optional[str]:
         """Why the metric comparison cannot resolve ``max_accuracy_loss``, if it cannot."""
-        if len(self.metric_values) >= 2 and self.metric_band > max_accuracy_loss:
+        values = self.metric_values
+        if len(values) >= 2 and self.metric_band == 0.0:
+            # Seeds that land on the same value (accuracy 1.0 on an easy task) show a metric at its
+            # ceiling: a harmed config reaches it too, so agreeing with it proves nothing.
+            return (f"every fp32 reference seed reached the same metric ({values[0]:.4g}): a saturated metric "
+                    "cannot tell a harmed config from a clean one unless the harm pulls it down")
+        if len(values) >= 2 and self.metric_band > max_accuracy_loss:
             return (f"the reference metric's seed spread ({self.metric_band:.4g}) exceeds the bound "
                     f"max_accuracy_loss={max_accuracy_loss:g}")
         return None
 
     def blind_reasons(self, max_accuracy_loss: float) -> list[str]:
         """Why this reference cannot tell a harmed config from a clean one, if it cannot."""
-        reasons = [r for r in (self.loss_blind_reason(), self.metric_blind_reason(max_accuracy_loss)) if r]
+        reasons = [r for r in (self._study_loss_blind_reason(max_accuracy_loss),
+                               self.metric_blind_reason(max_accuracy_loss)) if r]
         if not self.has_losses and not self.metric_values:
             reasons.append("the workload records no training loss and reports no metric")
         return reasons
@@ -139,17 +196,98 @@ class ReferenceBand:
 
         One blind part (say, a metric whose seed spread exceeds the bound) leaves the verdict to the other.
         """
-        loss_vouches = self.has_losses and self.loss_blind_reason() is None
+        loss_vouches = self.has_losses and self._study_loss_blind_reason(max_accuracy_loss) is None
         metric_vouches = bool(self.metric_values) and self.metric_blind_reason(max_accuracy_loss) is None
         return not (loss_vouches or metric_vouches)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"firsts": list(self.firsts), "finals": list(self.finals), "metrics": list(self.metrics)}
+        return {"firsts": list(self.firsts), "finals": list(self.finals), "metrics": list(self.metrics),
+                "paired": list(self.paired), "paired_every": self.paired_every, "pairing": dict(self.pairing),
+                "drift": self.drift}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReferenceBand":
         return cls(firsts=tuple(data.get("firsts", ())), finals=tuple(data.get("finals", ())),
-                   metrics=tuple(data.get("metrics", ())))
+                   metrics=tuple(data.get("metrics", ())), paired=tuple(data.get("paired", ())),
+                   paired_every=int(data.get("paired_every", 1)), pairing=dict(data.get("pairing") or {}),
+                   drift=data.get("drift"))
+
+    def paired_margin(self, max_accuracy_loss: float) -> float:
+        """How far above the same-seed reference a trial's window-mean loss may lie.
+
+        A tenth of the second seed's paired drift: on a loss still falling steeply a change of seed moves
+        the trajectory far, and so may a harmless change of rounding. At least ``max_accuracy_loss`` (read
+        as a share of the loss) or ``PAIRED_FLOOR`` of the reference's window loss, so seeds that agree
+        closely do not make the test stricter than rounding.
+        """
+        window = self.paired[-_window(len(self.paired)):]
+        level = abs(statistics.fmean(window)) if window else 0.0
+        drift = PAIRED_SHARE * abs(self.drift) if self.drift is not None else 0.0
+        return max(drift, max(max_accuracy_loss, PAIRED_FLOOR) * level, 1e-12)
+
+
+def fingerprints(extras: dict[str, Any]) -> dict[str, list[float]]:
+    """The pairing fingerprints a trial recorded (``pairing.weights``, ``pairing.batch``), by name."""
+    return {k.split(".", 1)[1]: list(v) for k, v in (extras or {}).items() if k.startswith("pairing.")}
+
+
+def _window(points: int) -> int:
+    return max(1, int(points * PAIRED_WINDOW))
+
+
+def paired_difference(losses: Sequence[float], reference: Sequence[float]) -> Optional[tuple[float, float, int]]:
+    """The mean of ``losses - reference`` over the last ``PAIRED_WINDOW`` of the points, its one-sided 95%
+    upper bound from ``PAIRED_BLOCKS`` block means (Student's t), and the points it spans; None when the
+    window holds fewer than ``MIN_PAIRED_POINTS``."""
+    n = _window(len(losses))
+    if n < MIN_PAIRED_POINTS or len(losses) != len(reference):
+        return None
+    diffs = [a - b for a, b in zip(losses[-n:], reference[-n:])]
+    blocks = min(PAIRED_BLOCKS, n)
+    size = n // blocks
+    # The first n % blocks points are left out so every block has the same length.
+    means = [statistics.fmean(diffs[n - (i + 1) * size:n - i * size]) for i in range(blocks)]
+    mean = statistics.fmean(means)
+    upper = mean + t95(blocks - 1) * statistics.stdev(means) / math.sqrt(blocks)
+    return mean, upper, n
+
+
+def _differ(a: Sequence[float], b: Sequence[float]) -> bool:
+    if len(a) != len(b):
+        return True
+    scale = max([abs(v) for v in (*a, *b)] or [0.0])
+    return any(abs(x - y) > FINGERPRINT_RTOL * max(scale, 1e-12) for x, y in zip(a, b))
+
+
+def pairing_failure(band: ReferenceBand, losses: Sequence[float], loss_every: int,
+                    pairing: Optional[dict[str, list[float]]], precision: str = "fp32") -> Optional[str]:
+    """Why the trial's steps cannot be paired with the fp32 reference's at its seed, or None when they can.
+
+    Pairing needs the same initial weights and the same samples in the same order: the fingerprints of
+    both (``ctx.model``, the first global batch of ``ctx.batches``) must agree, the trajectories must have
+    the same points, and an fp32 trial's first loss must equal the reference's (a low-precision one's may
+    differ by its rounding, or by the very harm being looked for).
+    """
+    if not band.paired:
+        return "no same-seed fp32 trajectory was stored with the references"
+    if pairing is None:
+        return "the run is at another seed than the fp32 reference's"
+    if len(losses) != len(band.paired) or loss_every != band.paired_every:
+        return (f"its loss trajectory has {len(losses)} points of {loss_every} step(s) against the reference's "
+                f"{len(band.paired)} of {band.paired_every}")
+    if "batch" not in pairing or "batch" not in band.pairing:
+        return "no fingerprint of the first batch was recorded (the loop does not use ctx.batches)"
+    if _differ(pairing["batch"], band.pairing["batch"]):
+        return ("its first global batch differs from the fp32 reference's at the same seed (an unseeded loader "
+                "or random augmentation?)")
+    if "weights" in pairing and "weights" in band.pairing and _differ(pairing["weights"], band.pairing["weights"]):
+        return "its initial weights differ from the fp32 reference's at the same seed (an unseeded initialisation?)"
+    first, reference = losses[0], band.paired[0]
+    if precision == "fp32" and abs(first - reference) > FIRST_LOSS_RTOL * max(abs(reference), 1e-12):
+        return f"its first loss {first:.6g} differs from the fp32 reference's {reference:.6g} at the same seed"
+    if _window(len(losses)) < MIN_PAIRED_POINTS:
+        return f"its {len(losses)} loss points are too few for block means"
+    return None
 
 
 @dataclass(frozen=True)
@@ -180,7 +318,8 @@ def metric_loss(reference: Optional[float], metric: Optional[float], direction: 
 
 def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand, *, reference_metric: Optional[float],
           max_accuracy_loss: float, metric_direction: str = "maximize",
-          baseline_metric: Optional[float] = None) -> Verdict:
+          baseline_metric: Optional[float] = None, loss_every: int = 1,
+          pairing: Optional[dict[str, list[float]]] = None, precision: str = "fp32") -> Verdict:
     """Judge one trial against the fp32 references at its global batch.
 
     A check whose reference is blind (``ReferenceBand.loss_blind_reason``, ``metric_blind_reason``) can
@@ -197,6 +336,10 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         baseline_metric: Under ``batch_policy: scale``, the metric of fp32 at the baseline's global batch: a
             reference at the trial's own global batch that reached far less learned less than the baseline
             did, so its metric cannot vouch for the trial.
+        loss_every: The optimizer steps per point of ``losses``.
+        pairing: The trial's fingerprints (``fingerprints`` of its extras) when it ran at the seed of the
+            first reference; None for another seed. Paired, the loss is judged step by step.
+        precision: The trial's precision: an fp32 trial's first loss must match the reference's exactly.
     """
     trial = LossSummary.of(losses)
     parts: list[str] = []
@@ -215,13 +358,32 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         if band.drop > tol and trial.final > trial.first * (1 + DIVERGED_RISE):
             return Verdict("diverged", f"{where}: it ended above its first loss {trial.first:.4g} while fp32 "
                            f"fell by {band.drop:.3g}", math.inf, 1.0)
-        blind = band.loss_blind_reason()
-        if excess > tol:
-            label = "degraded"
-            parts.append(f"{where}: {excess:+.3g} is outside the reference band")
+        unpaired = pairing_failure(band, losses, loss_every, pairing, precision)
+        paired = paired_difference(losses, band.paired) if unpaired is None else None
+        if paired is not None:
+            excesses.pop()  # the paired test replaces the band
+            mean, upper, points = paired
+            margin = band.paired_margin(max_accuracy_loss)
+            excesses.append(upper - margin)
+            blind = band.loss_blind_reason(margin)
+            where = (f"paired with the fp32 run at its seed, loss higher by {mean:+.3g} over the last "
+                     f"{points * loss_every} steps (95% upper bound {upper:.3g} {'>' if upper > margin else '<='} "
+                     f"margin {margin:.3g})")
+            if upper > margin:
+                label = "degraded"
+                parts.append(where)
+            else:
+                parts.append(f"{where}: within" + (f", but {blind}" if blind else ""))
+                vouched = vouched or not blind
         else:
-            parts.append(f"{where}: within" + (f", but {blind}" if blind else ""))
-            vouched = vouched or not blind
+            blind = band.loss_blind_reason()
+            where += f"; not paired: {unpaired}" if unpaired else ""
+            if excess > tol:
+                label = "degraded"
+                parts.append(f"{where}: {excess:+.3g} is outside the reference band")
+            else:
+                parts.append(f"{where}: within" + (f", but {blind}" if blind else ""))
+                vouched = vouched or not blind
     elif trial is None:
         parts.append("no training loss was recorded")
     loss = metric_loss(reference_metric, metric, metric_direction)

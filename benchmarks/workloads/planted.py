@@ -61,6 +61,21 @@ def _train(ctx, offset: float) -> None:
     ctx.report_metric(1.0 - mse / y.var().item())
 
 
+def train_unseeded(ctx) -> None:
+    """The clean model fed by a plain DataLoader shuffled from the OS's entropy: every run sees other
+    batches, so it cannot be paired with a reference at its seed (as a loader outside ``ctx.loader``
+    without a seeded generator)."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(OffsetMLP(0.0))
+    optimizer = ctx.optimizer(torch.optim.Adam, model.parameters(), lr=0.03 * ctx.lr_scale)
+    step = ctx.train_step(model, optimizer, nn.MSELoss())
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    loader = torch.utils.data.DataLoader(data(4096, seed=0), batch_size=ctx.config.batch_size, shuffle=True,
+                                         drop_last=True, generator=generator)
+    for x, y in ctx.batches(loader):
+        step(x, y)
+
+
 def train_harmed(ctx) -> None:
     _train(ctx, float(os.environ.get("AUTOTUNE_PLANTED_OFFSET", DEFAULT_OFFSET)))
 
