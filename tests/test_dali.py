@@ -234,7 +234,7 @@ def test_the_probe_imports_dali_to_say_whether_it_works(dali) -> None:
     ("dali_threads: [0, 4]", "knobs.dali_threads: 0 is below 1"),
     ("dali_threads: [two]", "knobs.dali_threads: 'two' is not an integer"),
     ("dali_prefetch: {low: 0, high: 3}", "knobs.dali_prefetch.low: 0 is below 1"),
-    ("loader: [torch, nvidia]", "knobs.loader: 'nvidia' is not one of torch, dali"),
+    ("loader: [torch, nvidia]", "knobs.loader: 'nvidia' is not one of torch, dali, device"),
 ])
 def test_bad_dali_knobs_are_refused_in_one_line(write_space, text, problem) -> None:
     path = write_space(f"knobs:\n  {text}\n", name="bad.yaml")

@@ -241,10 +241,13 @@ def test_autotune_best_prints_the_arguments_to_paste(hf, lightning, capsys: pyte
     for (study, result, _), kind, extra in ((hf, "TrainingArguments", "extra:training_arguments"),
                                            (lightning, "Lightning", "extra:lightning_arguments")):
         studies = Path(result.best_config_path).parent.parent
-        assert main(["best", "adapter", "--studies-dir", str(studies),
+        assert main(["best", "adapter", "--studies-dir", str(studies), "--format", "json",
                      "--storage", f"sqlite:///{studies.parent}/studies.db"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["paste"] == {kind: study.trials[doc["trial"]].user_attrs[extra]}
+        assert main(["best", "adapter", "--studies-dir", str(studies),
+                     "--storage", f"sqlite:///{studies.parent}/studies.db"]) == 0
+        assert f"Or paste into {kind}: " in capsys.readouterr().out  # the default text says it too
         # and `autotune tune`'s summary says it after the verdict, when the verdict is to change the config
         print_summary(result, storage=f"sqlite:///{studies.parent}/studies.db", studies_dir=str(studies), top_k=0)
         out = capsys.readouterr().out

@@ -50,11 +50,23 @@ def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig
         for value in spec.values:
             if value == getattr(config, knob):
                 continue
-            candidate = config.replace(**{knob: value})
+            candidate = _within_space(space, config.replace(**{knob: value}))
             if space.cannot_run(candidate.to_dict()) or candidate in variants:
                 continue
             variants.append(candidate)
     return variants[:MAX_LOADER_PROBES]
+
+
+def _within_space(space: SearchSpace, config: TrialConfig) -> TrialConfig:
+    """``config`` with every knob it newly asks (another loader's own knobs) at a value of the space: the
+    baseline's where the space has it, else the knob's first."""
+    fixes = {}
+    for name, value in space.asked_params(config.to_dict()).items():
+        spec = space.knobs.get(name)
+        if spec is not None and value not in spec.values:
+            base = getattr(space.baseline, name)
+            fixes[name] = base if base in spec.values else spec.values[0]
+    return config.replace(**fixes) if fixes else config
 
 
 def correction(study: optuna.Study) -> float:
