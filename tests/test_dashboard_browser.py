@@ -157,3 +157,18 @@ def test_dashboard_best_is_autotunes_best_and_infeasible_trials_show_as_such(chr
     rows = re.findall(r"Trial (\d+) (?:Complete|Pruned|Fail|Running|Waiting)( Best Trial)?", listing)
     assert len(rows) == len(trials), listing
     assert {int(n) for n, badge in rows if badge} == {best.number}, listing
+
+
+def test_the_report_renders_with_its_summary_plots_and_minutes(chromium, dashboard) -> None:
+    """`autotune report`'s page in the same browser: the study note's lines, the diagnosis table and the plots."""
+    from autotune.insight._report import write_report
+
+    study = optuna.load_study(study_name=STUDY, storage=dashboard["url"])
+    report = write_report(study, out_dir=dashboard["tmp"] / "report")
+    page = render(chromium, report.html.resolve().as_uri(), ARTIFACTS / "report.png",
+                  dashboard["tmp"] / "chromium-profile")
+    assert f"autotune: {STUDY}" in page or STUDY in page
+    assert "Baseline:" in page and "Where the minutes went:" in page and "Accuracy check:" in page
+    if Path(WORKLOADS).is_relative_to(Path.cwd()):  # the target as the user knows it, not the machine's folders
+        assert f"Target: {Path(WORKLOADS).relative_to(Path.cwd())}:train_tiny" in page
+    assert "input-bound" in page or "compute-bound" in page or "launch-bound" in page  # the diagnosis table

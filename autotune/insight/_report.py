@@ -12,6 +12,7 @@ plotly figures (optuna.visualization) and the same plots as PNGs (optuna.visuali
 from __future__ import annotations
 
 import html
+import os
 import json
 import math
 import re
@@ -681,7 +682,7 @@ def write_report(study: optuna.Study, *, studies_dir: Union[str, Path] = DEFAULT
 td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} .what{{color:#555}} .skipped{{color:#a00}}</style>
 </head><body>
 <h1>autotune report: {html.escape(study.study_name)}</h1>
-<p>Objectives: {html.escape(names)}. Target: <code>{html.escape(str(study.user_attrs.get("target", "")))}</code>.</p>
+<p>Objectives: {html.escape(names)}. Target: <code>{html.escape(_shown_target(str(study.user_attrs.get("target", ""))))}</code>.</p>
 <ul>{summary}</ul>
 {chr(10).join(sections)}
 <h2>Diagnosis</h2>
@@ -693,6 +694,18 @@ with CUDA Graphs toggled, and which batch sizes ran out of memory.</p>
     path = out / "report.html"
     path.write_text(page)
     return Report(path, pngs, {**png_skipped, **skipped})
+
+
+def _shown_target(target: str) -> str:
+    """A ``path.py:func`` target relative to the working folder when it lies inside it (a report is read
+    beside the project, and a shared one should not carry the machine's folders)."""
+    path, sep, func = target.rpartition(":")
+    if not sep or not path.endswith(".py") or not os.path.isabs(path):
+        return target
+    try:
+        return f"{Path(path).relative_to(Path.cwd())}:{func}"
+    except ValueError:
+        return target
 
 
 def _inline(markdown: str) -> str:
