@@ -43,10 +43,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--step", default="", help="step knobs for every cell, e.g. compile=default,cuda_graphs=true")
     parser.add_argument("--full-only", action="store_true", help="full trials only, no probes")
+    parser.add_argument("--target", default=TARGET, help="the workload (train_lm_lists: a Dataset of Python lists)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     step_knobs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.step.split(",") if kv)}
     tag = ("-" + "-".join(f"{k}{v}" for k, v in step_knobs.items())) if step_knobs else ""
+    tag += "" if args.target == TARGET else "-" + args.target.rsplit(":", 1)[1]
     os.environ.update(compile_cache_env(args.out / f"compile_cache{tag}", os.environ))
     caps = probe()
     precision = "bf16" if caps.cuda else "fp32"
@@ -56,7 +58,7 @@ def main() -> None:
         config = TrialConfig(precision=precision, batch_size=args.batch, **knobs, **step_knobs)
         rates = {kind: {"rate": None, "windows": [], "data_wait": None} for kind in ("loader", "step")}
         for kind in (None,) if args.full_only else (None, "loader", "step"):
-            spec = TrialSpec(target=TARGET, config=config, budget=budget, seed=0, probe=kind)
+            spec = TrialSpec(target=args.target, config=config, budget=budget, seed=0, probe=kind)
             outcome = run_isolated(spec, workdir=args.out / f"logs{tag}" / f"{name.replace(' ', '').replace(',', '-')}-{kind or 'full'}",
                                    timeout=300)
             m = outcome.measurement
@@ -79,7 +81,7 @@ def main() -> None:
 
     lines = [f"Date {datetime.date.today()}; {caps.gpu_name or 'CPU'}; torch {caps.torch}; Python {platform.python_version()}; "
              f"{precision}, batch {args.batch}, {args.samples:,} samples per run, 3 timed windows; "
-             f"step knobs: {args.step or 'none (eager)'}.", "",
+             f"step knobs: {args.step or 'none (eager)'}; workload {args.target}.", "",
              "| loader | full trial seq/s (window spread) | data wait | loader probe seq/s | step probe seq/s | predicted | error |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

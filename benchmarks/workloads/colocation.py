@@ -125,3 +125,28 @@ def train_lm_host(ctx) -> None:
     with torch.no_grad(), ctx.autocast():
         correct = (model(test[:, :-1]).argmax(-1) == test[:, 1:]).float().mean().item()
     ctx.report_metric(correct)
+
+
+class TokenLists(torch.utils.data.Dataset):
+    """Sequences kept as Python lists of token ids, made into tensors item by item, as many users' Datasets are."""
+
+    def __init__(self, pool: torch.Tensor) -> None:
+        self.rows = pool.tolist()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row = self.rows[index]
+        return torch.tensor(row[:-1]), torch.tensor(row[1:])
+
+
+def train_lm_lists(ctx) -> None:
+    """``train_lm_host`` with a Dataset of Python lists (``TokenLists``): each item costs two tensor builds."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(GPT(LM_SHAPE))
+    optimizer = ctx.optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3, weight_decay=0.01)
+    step = ctx.train_step(model, optimizer, _lm_loss)
+    dataset = TokenLists(_streams(POOL, seed=ctx.seed, device=torch.device("cpu")))
+    for ids, targets in ctx.batches(ctx.loader(dataset)):
+        step(ids, targets)
