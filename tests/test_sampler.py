@@ -182,10 +182,18 @@ FIXED = {"precision": CategoricalDistribution(["fp32", "bf16"]),
          "channels_last": CategoricalDistribution([False, True])}
 
 
-def _fixed_walk(whole_batch, *, oom_at=None, moves=2):
+def _fixed_walk(whole_batch, *, oom_at=None, moves=2, reference_at=None):
     """The batches of the prior point and the next ``moves`` proposals, every move slower than the prior;
-    ``oom_at``: a trial (fp32, no channels_last) at that batch ran out of memory first."""
+    ``oom_at``: a trial (fp32, no channels_last) at that batch ran out of memory first; ``reference_at``:
+    the fp32 reference ran at that batch first."""
     study = _study(GuidedSampler(search_space=FIXED, seed=0, whole_batch=whole_batch))
+    if reference_at is not None:
+        study.enqueue_trial({"precision": "fp32", "batch_size": reference_at, "channels_last": False})
+        trial = study.ask()
+        for name, dist in FIXED.items():
+            trial.suggest_categorical(name, dist.choices)
+        trial.set_user_attr("role", "reference")
+        _tell(study, trial, 10.0)
     if oom_at is not None:
         study.enqueue_trial({"precision": "fp32", "batch_size": oom_at, "channels_last": False})
         trial = study.ask()
@@ -208,6 +216,18 @@ def test_under_fixed_the_micro_batch_without_accumulation_is_the_first_move():
     assert _fixed_walk(None) == [128, 256, 64]  # without the rule: nearest first, up before down
     # The global batch among the values, but not the largest: the rule follows it, not the ladder.
     assert _fixed_walk(256)[:2] == [128, 256]
+
+
+def test_under_fixed_the_prior_point_takes_the_whole_batch_where_the_reference_fitted_it():
+    # The fp32 reference trained at the global batch as one micro-batch: that fits, so the prior point,
+    # the first trial, takes it; the walk then goes on from there.
+    assert _fixed_walk(512, reference_at=512)[0] == 512
+    assert _fixed_walk(256, reference_at=512)[0] == 256  # a larger run fitted too
+    # A reference at a smaller micro-batch proves nothing about the whole batch: upper median, then 512.
+    assert _fixed_walk(512, reference_at=64)[:2] == [128, 512]
+    assert _fixed_walk(None, reference_at=512)[0] == 128  # not under fixed: the upper median
+    # An out-of-memory at or below the global batch outweighs the reference's fit.
+    assert _fixed_walk(512, reference_at=512, oom_at=256)[0] == 128
 
 
 def test_under_fixed_an_out_of_memory_at_or_below_the_global_batch_makes_accumulation_the_fallback():

@@ -5,9 +5,10 @@ where to start (bf16 or fp16, channels_last, a large batch, compiled, graphs). S
 random until a model forms, the sampler:
 
 1. proposes a *prior point* first: every knob at its most promising value, the batch at the upper median;
-   under ``batch_policy: fixed`` its first move is then the micro-batch equal to the global batch (no
-   accumulation), unless an out-of-memory at that micro-batch or a smaller one was recorded: accumulation
-   is the fallback for memory, and otherwise only adds steps;
+   under ``batch_policy: fixed`` the prior takes the micro-batch equal to the global batch (no accumulation)
+   where a run at that micro-batch or a larger one fitted (the fp32 reference usually did), else its first
+   move is that micro-batch, unless an out-of-memory at that micro-batch or a smaller one was recorded:
+   accumulation is the fallback for memory, and otherwise only adds steps;
 2. then walks coordinate neighbours of the incumbent (the fastest feasible config so far), one knob at a
    time in order of expected impact (precision, batch, compile, ...), moving whenever a neighbour wins;
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
@@ -271,6 +272,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return allow_dropped or not any((k, v) in dropped for k, v in asked.items())
 
         prior = self.prior_point()
+        if self._whole_batch_fits(seen):
+            prior["batch_size"] = self._whole_batch_value
         if fresh(prior):
             return prior
         for candidate in self._repairs(seen, prior):
@@ -307,6 +310,17 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate, allow_dropped=attempt >= 1000):  # dropped values only once little else is left
                 return candidate
         return None
+
+    def _whole_batch_fits(self, seen: list[_Seen]) -> bool:
+        """Under ``fixed``, whether a run at the whole global batch as one micro-batch, or a larger one, fitted
+        in memory and none at it or below ran out: then accumulation would only add steps."""
+        whole = self._whole_batch_value
+        if whole is None or whole not in self._values.get("batch_size", ()):
+            return False
+        batches = [(s.params.get("batch_size"), s) for s in seen if s.params.get("batch_size") is not None]
+        if any(s.oom and batch <= whole for batch, s in batches):
+            return False
+        return any(batch >= whole and not s.oom and s.value is not None for batch, s in batches)
 
     def _whole_batch(self, seen: list[_Seen], anchor: dict[str, Any]) -> Optional[dict[str, Any]]:
         """Under ``fixed``, the incumbent at the micro-batch equal to the global batch, while no trial but the
