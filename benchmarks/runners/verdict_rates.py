@@ -29,7 +29,7 @@ import torch
 from typing import Any
 
 from autotune._config import Budget, Measurement, TrialConfig
-from autotune.study._verdict import LossSummary, ReferenceBand, fingerprints, judge, paired_difference
+from autotune.study._verdict import LossSummary, ReferenceBand, fingerprints, judge, paired_difference, pairing_decay
 from autotune.trial._execute import TrialSpec, execute
 from benchmarks.workloads import planted
 
@@ -68,9 +68,10 @@ def _judge(m, references) -> str:
     return judge(m.losses, m.metric, band, reference_metric=references[0].metric, max_accuracy_loss=0.01).label
 
 
-def _loss_only(m: Measurement, references: list[Measurement], *, paired: bool, precision: str) -> tuple[str, float]:
-    """The loss-only verdict (no metric) by the band alone (today's) or paired, and the excess over its
-    bound in units of the bound (above +1 is outside)."""
+def _loss_only(m: Measurement, references: list[Measurement], *, paired: bool,
+               precision: str) -> tuple[str, float, bool]:
+    """The loss-only verdict (no metric) by the band alone (today's) or paired, the excess over its bound in
+    units of the bound (above +1 is outside), and whether the pairing decayed (always False for the band)."""
     band = ReferenceBand.of_measurements(references)
     if not paired:
         band = ReferenceBand.of([(r.losses, None) for r in references])
@@ -80,9 +81,10 @@ def _loss_only(m: Measurement, references: list[Measurement], *, paired: bool, p
         excess = diff[1] / band.paired_margin(0.01) if diff else math.nan
     verdict = judge(m.losses, None, band, reference_metric=None, max_accuracy_loss=0.01, loss_every=m.loss_every,
                     pairing=fingerprints(m.extras) if paired else None, precision=precision)
-    if paired and not verdict.evidence.startswith("paired"):
+    decayed = paired and pairing_decay(band, m.losses, m.loss_every) is not None
+    if paired and "not paired" in verdict.evidence and not decayed:
         raise SystemExit(f"a run at the references' seed was not paired: {verdict.evidence}")
-    return verdict.label, excess
+    return verdict.label, excess, decayed
 
 
 PAIRED_HEADING = "## Paired at the same seed against today's band, loss only"
@@ -90,27 +92,30 @@ PAIRED_HEADING = "## Paired at the same seed against today's band, loss only"
 
 def paired_section(runs: dict[int, dict[str, list[dict[str, Any]]]], command: str, seconds: float) -> str:
     """The section comparing today's band with the paired test, loss only, on the collected runs."""
-    rows = ["| runs | expected | band: degraded | band: wrong | paired: degraded | paired: wrong | "
-            "paired upper bound / margin, median (min-max) |", "|---|---|---:|---:|---:|---:|---|"]
+    rows = ["| runs | expected | band: degraded | band: wrong | paired: degraded | paired: wrong | pairing decayed "
+            "(band judged) | paired upper bound / margin, median (min-max) |", "|---|---|---:|---:|---:|---:|---:|---|"]
     keys = list(next(iter(runs.values())))
     for key in keys:
         expected = "degraded" if key.startswith("harmed") else "equivalent"
         counts = {False: [], True: []}
         ratios = []
+        decays = {False: 0, True: 0}  # decayed pairings: kept degraded by the paired test, judged by the band
         for seed_runs in runs.values():
             *refs, trial = (Measurement.from_dict(d) for d in seed_runs[key])
             precision = "bf16" if "bf16" in key or key.startswith("harmed") else "fp32"
             for paired in (False, True):
-                label, excess = _loss_only(trial, refs, paired=paired, precision=precision)
+                label, excess, decayed = _loss_only(trial, refs, paired=paired, precision=precision)
                 counts[paired].append(label)
                 if paired:
                     ratios.append(excess)
+                    if decayed:
+                        decays[excess <= 1] += 1
         cells = []
         for paired in (False, True):
             labels = counts[paired]
             bad = sum(1 for v in labels if (v in ("degraded", "diverged")) != (expected == "degraded"))
             cells += [f"{sum(1 for v in labels if v in ('degraded', 'diverged'))}/{len(labels)}", str(bad)]
-        rows.append(f"| {key} | {expected} | {' | '.join(cells)} | "
+        rows.append(f"| {key} | {expected} | {' | '.join(cells)} | {decays[False] + decays[True]} ({decays[True]}) | "
                     f"{statistics.median(ratios):+.2f} ({min(ratios):+.2f} to {max(ratios):+.2f}) |")
     return "\n".join([
         PAIRED_HEADING,
@@ -125,7 +130,10 @@ def paired_section(runs: dict[int, dict[str, list[dict[str, Any]]]], command: st
         "degraded when the one-sided 95% upper bound of the mean difference, from 8 block means, exceeds the "
         "margin: a tenth of the second seed's paired drift, at least 2.5% of the reference's loss over the window). Every run "
         "here was paired (same weights, same first batch, fingerprints equal); a run that is not would fall "
-        "back to the band. 'wrong' counts misses on harm and false alarms on clean twins.",
+        "back to the band. A pairing has decayed when the paired difference's wander around its trend holds "
+        "more than 10% of the variance between the two fp32 seeds over the window: within the margin, the band "
+        "then judges it; above it, it stays degraded. 'pairing decayed' counts those runs, the band-judged in "
+        "brackets. 'wrong' counts misses on harm and false alarms on clean twins.",
         "",
         *rows,
         "",
