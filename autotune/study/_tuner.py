@@ -500,7 +500,7 @@ class Tuner:
         if mode == "join":
             study = self._join(storage)
             space = _space.parse_space(study.user_attrs["space"], where=f"study {self.study_name}", name=self.study_name)
-            space = _space.restrict_to(space, caps)
+            space = self._stored_model_restriction(storage, _space.restrict_to(space, caps))  # as its creator's
             space, mps = self._open_mps(space, cleanup)
             self._adopt_study_settings(study)
             opts = self.options
