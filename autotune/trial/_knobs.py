@@ -42,7 +42,8 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
     ``allocator=expandable`` gives the CUDA caching allocator expandable segments: it sets
     ``PYTORCH_CUDA_ALLOC_CONF`` (``expandable_segments:True``, beside the entries already there) when CUDA
     has not initialised yet, and also tells an allocator that has (or whose torch read the variable at
-    import) where torch lets it. ``precision=fp8`` needs torchao (checked here, so it fails before training
+    import) where torch lets it; the allocator keeps the setting for the rest of the process, the variable
+    is put back. ``precision=fp8`` needs torchao (checked here, so it fails before training
     starts); the model's conversion is ``TrialContext.model``'s, or in your own code
     ``torchao.float8.convert_to_float8_training(model, module_filter_fn=autotune.float8_filter)`` before
     ``torch.compile``, as ``config.float8_training`` says.
@@ -102,7 +103,8 @@ def _expand_segments(device: torch.device) -> None:
                         "caching allocator)")
     os.environ[ALLOC_CONF_ENV] = alloc_conf_with(os.environ.get(ALLOC_CONF_ENV, ""), EXPANDABLE_SEGMENTS)
     # torch may have read the variable at import (a trial process is forked from a server that imported torch):
-    # its runtime setter reaches the allocator either way. Private in every release so far, renamed in 2.14.
+    # its runtime setter reaches the allocator either way. Private in every release so far; newer releases
+    # deprecate torch.cuda.memory's name for torch._C's.
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \
         getattr(torch.cuda.memory, "_set_allocator_settings", None)
     if setter is not None:
