@@ -54,7 +54,10 @@ def test_the_size_check_follows_torchaos_table() -> None:
 
 
 def test_the_filter_decides_as_torchaos_own_auto_filter() -> None:
-    auto = pytest.importorskip("torchao.float8")._auto_filter_for_recipe("tensorwise", [])
+    recipe_filter = getattr(pytest.importorskip("torchao.float8"), "_auto_filter_for_recipe", None)
+    if recipe_filter is None:
+        pytest.skip("this torchao has no _auto_filter_for_recipe to compare with")
+    auto = recipe_filter("tensorwise", [])
     shapes = [(k, n) for k in (8, 512, 1024, 2048, 4096, 4112, 8192) for n in (10, 512, 1024, 1040, 2048, 16384)]
     for k, n in shapes:
         layer = nn.Linear(k, n, bias=False, device="meta")
