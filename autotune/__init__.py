@@ -18,7 +18,8 @@ from autotune.study._tuner import Tuner
 __version__ = "0.1.0"
 
 # These need torch; importing them lazily keeps the coordinator and the CLI free of a torch import.
-_LAZY = {"TrialContext": "autotune.trial._context", "NonFiniteLoss": "autotune.trial._context", "applied": "autotune.trial._knobs"}
+_LAZY = {"TrialContext": "autotune.trial._context", "NonFiniteLoss": "autotune.trial._context", "applied": "autotune.trial._knobs",
+         "float8_filter": "autotune.trial._float8"}
 
 
 def __getattr__(name: str):  # noqa: ANN202 - module-level lazy attribute
@@ -55,6 +56,7 @@ __all__ = [
     "annotate_trials",
     "applied",
     "diagnose",
+    "float8_filter",
     "load_best",
     "load_space",
     "load_study_result",

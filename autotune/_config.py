@@ -8,8 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-Precision = Literal["fp32", "tf32", "fp16", "bf16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+# "fp8": bf16 autocast plus torchao's float8 training on the linear layers that its size check converts
+# (autotune/trial/_float8.py); it needs torch.compile for the fused casts, and a GPU of compute capability 8.9+.
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
 COMPILE_MODES: tuple[str, ...] = (
     "off",
     "default",
@@ -40,6 +42,12 @@ ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "efficient", "cudnn", "m
 OPTIMIZER_IMPLS: tuple[str, ...] = ("default", "foreach", "fused")
 # How a DDP trial all-reduces its gradients: in their own dtype, or compressed to bf16 by a comm hook.
 GRAD_COMPRESSIONS: tuple[str, ...] = ("none", "bf16")
+# The CUDA caching allocator of the trial process: as configured, or with expandable segments, which cut the
+# fragmentation that can make a larger micro-batch run out of memory. Set through ALLOC_CONF_ENV before
+# CUDA initialises, in the trial process only.
+ALLOCATORS: tuple[str, ...] = ("default", "expandable")
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
 # Knobs of ctx.ddp: they change the gradient all-reduce, so with one process per trial they cannot matter.
 DDP_KNOBS: tuple[str, ...] = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "grad_compression")
 
@@ -91,6 +99,7 @@ class TrialConfig:
     processes_per_trial: int = 1  # ranks of one trial (a DDP job); batch_size is each rank's micro-batch
     processes_per_gpu: int = 1  # independent copies of the training trained at once on one device (co-location)
     mps: bool = False  # the copies run as clients of the CUDA MPS daemon (else time-sliced)
+    allocator: str = "default"  # the CUDA caching allocator's segments (see ALLOCATORS)
     device_data_share: float = DEVICE_DATA_SHARE  # loader=device: the memory share the dataset may fill
 
     def __post_init__(self) -> None:
@@ -100,6 +109,8 @@ class TrialConfig:
             raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, not {self.optimizer_impl!r}")
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing must be true or false, not {self.activation_checkpointing!r}")
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, not {self.allocator!r}")
         if self.batch_policy not in BATCH_POLICIES:
             raise ValueError(f"batch_policy must be one of {', '.join(BATCH_POLICIES)}, not {self.batch_policy!r}")
         if self.grad_compression not in GRAD_COMPRESSIONS:
@@ -175,6 +186,8 @@ class TrialConfig:
             parts.append(f"optimizer={self.optimizer_impl}")
         if self.activation_checkpointing:
             parts.append("checkpointing")
+        if self.allocator != "default":
+            parts.append(f"allocator={self.allocator}")
         if self.processes_per_trial > 1:
             parts.append(f"ranks={self.processes_per_trial}")
             defaults = TrialConfig()
@@ -224,6 +237,26 @@ class TrialConfig:
         prefetch = f", prefetch_factor={self.prefetch_factor}" if self.num_workers > 0 else ""
         return (f"loader=torch: a DataLoader with num_workers={self.num_workers}, pin_memory={self.pin_memory}"
                 f"{prefetch}{persistent}")
+
+    @property
+    def float8_training(self) -> str:
+        """What ``precision=fp8`` asks of the user's own training code, in words ("" for other precisions)."""
+        if self.precision != "fp8":
+            return ""
+        return ("precision=fp8: convert the model's linear layers with torchao before compiling it: "
+                "torchao.float8.convert_to_float8_training(model, module_filter_fn=autotune.float8_filter), "
+                "then model = torch.compile(model), and run forward and loss under torch.autocast('cuda', "
+                "dtype=torch.bfloat16); ctx.model and ctx.train_step do all three. The filter converts a layer "
+                "whose in and out features are multiples of 16 and not both small (in <= 4096 and out <= 1024, "
+                "where torchao's table shows float8 slower than bf16); needs the fp8 extra (torchao)")
+
+    @property
+    def memory_allocator(self) -> str:
+        """What the ``allocator`` knob asks of the user's own training code, in words."""
+        if self.allocator == "expandable":
+            return (f"allocator=expandable: start the training process with {ALLOC_CONF_ENV}={EXPANDABLE_SEGMENTS} "
+                    "(before CUDA initialises; autotune.applied(config) sets it when CUDA has not yet)")
+        return f"allocator=default: PyTorch's CUDA caching allocator as the environment configures it ({ALLOC_CONF_ENV})"
 
     @property
     def packing(self) -> str:
@@ -543,6 +576,13 @@ class Result:
         if self.speedup <= 1.0:
             return f"it measured {self.speedup:.2f}x the baseline's throughput ({self.spread_text})"
         return f"its {self.speedup:.2f}x is inside the measured spread ({self.spread_text})"
+
+
+def alloc_conf_with(current: str, setting: str) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF``'s value ``current`` with ``setting`` (``key:value``) in place of its key's entry."""
+    key = setting.partition(":")[0]
+    kept = [part for part in current.split(",") if part.strip() and part.partition(":")[0].strip() != key]
+    return ",".join([*kept, setting])
 
 
 def bin_means(values: list[float], points: int) -> tuple[list[float], int]:

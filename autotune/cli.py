@@ -446,6 +446,10 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say(f"Packing: {result.best.config.packing}; the samples/s are every process's together.")
         if result.best.config.loader != result.baseline.loader:
             say(f"Input pipeline: {escape(result.best.config.input_pipeline)}.")
+        if result.best.config.precision == "fp8":
+            say(f"Float8: {escape(result.best.config.float8_training)}.")
+        if result.best.config.allocator != "default":
+            say(f"Allocator: {escape(result.best.config.memory_allocator)}.")
         _say_accuracy(say, result)
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
@@ -544,6 +548,17 @@ def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
         lines.append(f"Packing: {packing['what']}")
     if doc.get("input_pipeline"):
         lines.append(f"Input pipeline: {doc['input_pipeline']}")
+    float8 = doc.get("float8") or {}
+    if float8:
+        converted = float8.get("converted")
+        layers = ""
+        if isinstance(converted, list):
+            more = ", ..." if len(converted) > 6 else ""
+            layers = f" (the trial converted {len(converted)} layers: {', '.join(converted[:6])}{more})"
+        lines.append(f"Float8: {float8['what']}{layers}")
+    allocator = doc.get("allocator") or {}
+    if allocator.get("env"):
+        lines.append(f"Allocator: {allocator['what']}")
     confirmed = doc.get("confirmed") or {}
     if not confirmed.get("confirmed"):
         lines.append(f"Not confirmed: {confirmed.get('why')}")

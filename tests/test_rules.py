@@ -39,3 +39,16 @@ def test_reason_names_the_trial_that_ran_out_of_memory():
     reason = infeasible_reason({**FAILED, "batch_size": 512}, [(7, FAILED)])
     assert reason.startswith("infeasible:") and "trial 7" in reason and "batch_size=256" in reason
     assert infeasible_reason({**FAILED, "batch_size": 64}, [(7, FAILED)]) is None
+
+
+def test_expandable_segments_may_fit_what_the_default_allocator_could_not():
+    failed = {"batch_size": 256, "precision": "bf16", "allocator": "default"}
+    assert not needs_at_least({**failed, "allocator": "expandable"}, failed)
+    roomy = {**failed, "allocator": "expandable"}
+    assert needs_at_least({**roomy, "allocator": "default"}, roomy)  # less room than what ran out
+
+
+def test_fp8_keeps_bf16_activations():
+    failed = {"batch_size": 256, "precision": "bf16"}
+    assert needs_at_least({"batch_size": 256, "precision": "fp8"}, failed)
+    assert needs_at_least({"batch_size": 256, "precision": "bf16"}, {"batch_size": 256, "precision": "fp8"})

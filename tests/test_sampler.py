@@ -233,3 +233,65 @@ def test_under_fixed_the_prior_point_takes_the_whole_batch_where_the_reference_f
 def test_under_fixed_an_out_of_memory_at_or_below_the_global_batch_makes_accumulation_the_fallback():
     assert _fixed_walk(512, oom_at=64) == [128, 256, 64]  # memory binds: the usual walk
     assert _fixed_walk(512, oom_at=512)[:2] == [128, 256]
+
+
+def _seen(number, params, value=None, *, oom=False, diagnosis=None):
+    from autotune.search._sampler import _Seen
+
+    return _Seen(number=number, params=params, value=value, feasible=value is not None, oom=oom, reference=False,
+                 diagnosis=diagnosis)
+
+
+ALLOCATOR = {"batch_size": CategoricalDistribution([64, 128, 256]),
+             "allocator": CategoricalDistribution(["default", "expandable"])}
+
+
+def _walk(sampler, seen):
+    """Every proposal until none is left, each measured slower than the first."""
+    out = []
+    while (params := sampler.propose(seen, len(seen))) is not None:
+        out.append(params)
+        seen = [*seen, _seen(len(seen), params, 50.0)]
+    return out
+
+
+def test_expandable_segments_are_not_asked_while_memory_does_not_bind():
+    sampler = GuidedSampler(search_space=ALLOCATOR, seed=0)
+    assert sampler.prior_point() == {"batch_size": 128, "allocator": "default"}
+    walked = _walk(sampler, [_seen(0, {"batch_size": 128, "allocator": "default"}, 100.0)])
+    assert walked and all(p["allocator"] == "default" for p in walked)
+
+
+def test_a_larger_micro_batch_out_of_memory_asks_it_there_first():
+    sampler = GuidedSampler(search_space=ALLOCATOR, seed=0)
+    seen = [_seen(0, {"batch_size": 128, "allocator": "default"}, 100.0),
+            _seen(1, {"batch_size": 256, "allocator": "default"}, oom=True)]
+    assert sampler.propose(seen) == {"batch_size": 256, "allocator": "expandable"}
+    # The same out-of-memory under expandable segments rules the default allocator out too.
+    seen.append(_seen(2, {"batch_size": 256, "allocator": "expandable"}, oom=True))
+    assert all(p["batch_size"] < 256 for p in _walk(sampler, seen))
+
+
+def test_a_memory_bound_incumbent_asks_it_as_a_move():
+    sampler = GuidedSampler(search_space=ALLOCATOR, seed=0)
+    seen = [_seen(0, {"batch_size": 256, "allocator": "default"}, 100.0, diagnosis="memory-capacity-bound")]
+    assert {"batch_size": 256, "allocator": "expandable"} in _walk(sampler, seen)
+
+
+@pytest.mark.parametrize(("share", "first"), [(1.0, "fp8"), (0.1, "fp16")])
+def test_fp8_is_ordered_by_its_predicted_gain(share, first):
+    space = {"precision": CategoricalDistribution(["fp32", "fp16", "bf16", "fp8"])}
+    sampler = GuidedSampler(search_space=space, seed=0, value_gains={("precision", "fp8"): share})
+    assert sampler.prior_point() == {"precision": "bf16"}  # fp8 is a move, never the start
+    assert sampler.propose([_seen(0, {"precision": "bf16"}, 100.0)]) == {"precision": first}
+
+
+def test_a_value_the_space_lacks_does_not_change_the_order_of_the_others():
+    # fp8 sits after bf16 in the priors; without it in the space fp16 is still bf16's peer, not a step down.
+    space = {"precision": CategoricalDistribution(["fp32", "tf32", "fp16", "bf16"]),
+             "channels_last": CategoricalDistribution([False, True])}
+    # channels_last first in the order: its step down (gain 1 x 0.25) goes before a down step of precision
+    # (1/2 x 0.25), not before fp16 as bf16's peer (1/2).
+    sampler = GuidedSampler(search_space=space, seed=0, knob_order=("channels_last", "precision"))
+    seen = [_seen(0, {"precision": "bf16", "channels_last": True}, 100.0)]
+    assert sampler.propose(seen) == {"precision": "fp16", "channels_last": True}

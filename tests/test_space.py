@@ -54,7 +54,7 @@ INVALID = [
     ),
     ("too-few-windows", "knobs:\n  batch_size: [32]\nbudget: {samples: 4096, windows: 2}\n", ["budget"]),
     ("unknown-budget-key", "knobs:\n  batch_size: [32]\nbudget: {sample: 4096}\n", ["budget.sample"]),
-    ("bad-precision", "knobs:\n  precision: [fp32, fp8]\n", ["knobs.precision", "fp8"]),
+    ("bad-precision", "knobs:\n  precision: [fp32, int8]\n", ["knobs.precision", "int8"]),
     ("bad-compile-mode", "knobs:\n  compile: [off, fast]\n", ["knobs.compile", "fast"]),
     ("duplicate-choices", "knobs:\n  batch_size: [32, 32]\n", ["knobs.batch_size", "duplicate"]),
     ("bool-knob-not-bool", "knobs:\n  channels_last: [yes-please]\n", ["knobs.channels_last"]),
@@ -310,7 +310,7 @@ def test_a_stated_baseline_under_scale_keeps_every_batch() -> None:
 @pytest.mark.parametrize("text, names", [
     ("batch_sise=32", ["batch_sise", "unknown knob"]),
     ("batch_size=30", ["batch_size", "30", "multiple of 8"]),
-    ("precision=fp8", ["precision", "fp8"]),
+    ("precision=int8", ["precision", "int8"]),
     ("channels_last=maybe", ["channels_last", "maybe"]),
     ("batch_size", ["'batch_size'", "knob=value"]),
     ("batch_size=32,batch_size=64", ["batch_size", "twice"]),

@@ -48,6 +48,9 @@ class Capabilities:
     # SDPA backends that run here, but not in every precision: backend -> precision -> why (the trials that
     # pair them cannot run; the search space records each pair as a combination, not a value, to leave out).
     attention_precision_unavailable: dict[str, dict[str, str]] = field(default_factory=dict)
+    compute_capability: str = ""  # the first GPU's, e.g. "9.0"; "" without CUDA
+    # Why precision=fp8 cannot run on this GPU ("" where it can, or where there is no GPU: the space says why).
+    fp8_unavailable: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,6 +197,8 @@ def _probe_here() -> Capabilities:
             "gpu_count": torch.cuda.device_count(),
             "gpu_memory_gib": round(props.total_memory / 2**30, 1),
             "cuda_version": torch.version.cuda or "",
+            "compute_capability": f"{props.major}.{props.minor}",
+            "fp8_unavailable": float8_unavailable((props.major, props.minor), props.name),
         }
         info.update(nvml_identity(0))
     bf16 = bool(torch.cuda.is_bf16_supported()) if cuda else True
@@ -231,7 +236,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 # The precision knob's values whose trials feed SDPA each dtype (tf32 computes in float32 tensors).
-DTYPE_PRECISIONS = {"float32": ("fp32", "tf32"), "bfloat16": ("bf16",), "float16": ("fp16",)}
+DTYPE_PRECISIONS = {"float32": ("fp32", "tf32"), "bfloat16": ("bf16", "fp8"), "float16": ("fp16",)}
 
 
 def sdpa_unavailable(device: Any) -> dict[str, str]:
@@ -318,6 +323,24 @@ def _probe_kernels(device: Any) -> dict[str, Any]:
     return {"attention_unavailable": attention, "attention_precision_unavailable": attention_precision,
             "optimizer_impl_unavailable": optimizer_impl_unavailable(device),
             "checkpointing_unavailable": checkpointing_unavailable(device)}
+
+
+FP8_CAPABILITY = (8, 9)  # float8 Tensor Cores: Ada (8.9), Hopper (9.0) and newer
+
+
+def float8_unavailable(capability: tuple[int, int], gpu_name: str) -> str:
+    """Why ``precision=fp8`` cannot run on a GPU of this compute capability here; "" when it can."""
+    if capability < FP8_CAPABILITY:
+        need = ".".join(map(str, FP8_CAPABILITY))
+        return (f"{gpu_name} is compute capability {capability[0]}.{capability[1]}: float8 matmuls need {need} "
+                "or newer (Ada, Hopper)")
+    try:
+        import torchao.float8  # noqa: F401 - convert_to_float8_training lives here
+    except Exception as exc:  # a broken install fails with whatever its extensions raise
+        why = "torchao is not installed" if isinstance(exc, ModuleNotFoundError) and exc.name == "torchao" \
+            else f"importing torchao.float8 failed: {type(exc).__name__}: {exc}".splitlines()[0]
+        return f"{why} (install the `fp8` extra: pip install -e '.[fp8]')"
+    return ""
 
 
 def dali_availability() -> tuple[bool, str]:

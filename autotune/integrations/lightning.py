@@ -42,6 +42,8 @@ _PRECISION_OF = {"32": "fp32", "32-true": "fp32", "bf16-mixed": "bf16", "bf16": 
                  "16": "fp16"}
 
 UNSUPPORTED = (
+    Unsupported("precision", ("fp8",), "the LightningModule builds and compiles its model itself: autotune "
+                                       "cannot convert its linear layers to torchao's float8 training"),
     Unsupported("cuda_graphs", (True,), "the Trainer has no CUDA Graphs argument: it runs its own step, which "
                                         "autotune cannot capture"),
     Unsupported("attention", tuple(v for v in ATTENTION_BACKENDS if v != "auto"),

@@ -43,6 +43,8 @@ PRELOAD = ("transformers.trainer",)  # the Trainer and what it imports (accelera
 ADAMW = {"default": "adamw_torch", "fused": "adamw_torch_fused"}
 
 UNSUPPORTED = (
+    Unsupported("precision", ("fp8",), "the Trainer builds and compiles the model itself: autotune cannot "
+                                       "convert its linear layers to torchao's float8 training"),
     Unsupported("cuda_graphs", (True,), "TrainingArguments has no CUDA Graphs argument: the Trainer runs its own "
                                         "step, which autotune cannot capture"),
     Unsupported("channels_last", (True,), "TrainingArguments has no memory-format argument"),

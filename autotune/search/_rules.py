@@ -6,7 +6,9 @@ a batch of B or more, a precision at least as wide, and no more memory allowed t
 only act on the host (loader workers, pinning, threads) do not change device memory and are ignored, and
 so is gradient accumulation: memory follows the micro-batch, however many are accumulated per step.
 Activation checkpointing lowers memory (the wrapped blocks keep no activations for the backward pass), so a
-config without it needs at least what the same config with it ran out of, never the other way round.
+config without it needs at least what the same config with it ran out of, never the other way round. The
+same holds for the allocator's expandable segments, which waste less memory to fragmentation: an
+out-of-memory with the default allocator leaves the expandable one its chance, not the other way round.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any, Iterable, Mapping, Optional
 HOST_SIDE_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "cpu_threads"})
 # Device memory follows the micro-batch (batch_size), not how many of them are accumulated per step.
 _ACCUMULATION_FIELDS = frozenset({"batch_policy", "global_batch"})
-# Bytes per activation element, as an order: fp32 and tf32 keep fp32 activations, fp16 and bf16 halve them.
-_PRECISION_WIDTH = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+# Bytes per activation element, as an order: fp32 and tf32 keep fp32 activations, fp16 and bf16 halve them;
+# fp8 keeps bf16 activations (its float8 copies are made for each matmul).
+_PRECISION_WIDTH = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 
 def needs_at_least(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> bool:
@@ -39,6 +42,9 @@ def needs_at_least(candidate: Mapping[str, Any], failed: Mapping[str, Any]) -> b
                 return False
         elif knob == "activation_checkpointing":
             if bool(mine) and not bool(theirs):  # checkpointing frees what the failed run kept: it may fit
+                return False
+        elif knob == "allocator":
+            if mine == "expandable" and theirs != "expandable":  # less fragmentation than the failed run: it may fit
                 return False
         elif knob == "memory_fraction" and mine is not None and theirs is not None:
             if mine > theirs:  # more memory allowed: it may fit

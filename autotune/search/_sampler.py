@@ -20,7 +20,8 @@ random until a model forms, the sampler:
    it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
    does, channels_last where the model has no 4-D activations;
    within a tier, moves are ranked by expected gain per predicted second (``_cost``): a move that needs a
-   fresh compile must promise more than one that reuses the compiled shapes;
+   fresh compile must promise more than one that reuses the compiled shapes; a value whose gain the model
+   predicts (``value_gains``: fp8 gains only on the linear work it converts) has its gain scaled by it;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
@@ -29,7 +30,10 @@ random until a model forms, the sampler:
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
    costs at most two trials; a value that failed twice and never ran is not proposed again by the walk,
-   nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data).
+   nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data);
+9. proposes the allocator's expandable segments (``MEMORY_ONLY``) only where memory binds: a micro-batch
+   larger than the incumbent's ran out of memory (then first, at the smallest such batch), or the
+   incumbent's diagnosis says memory-capacity-bound.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -53,7 +57,8 @@ from autotune.search._rules import infeasible_reason
 
 # Most promising value first. Numeric knobs without a prior start at the upper median of their values.
 DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
-    "precision": ("bf16", "fp16", "tf32", "fp32"),
+    # fp8 after bf16: its gain is the model's (value_gains), and it is no start: it needs a compile and torchao.
+    "precision": ("bf16", "fp8", "fp16", "tf32", "fp32"),
     "channels_last": (True, False),
     "compile": ("default", "off", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"),
     "cuda_graphs": (True, False),
@@ -72,6 +77,7 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     "gradient_as_bucket_view": (True, False),
     "static_graph": (True, False),
     "grad_compression": ("none", "bf16"),
+    "allocator": ("default", "expandable"),
 }
 # Largest expected effect first: a coordinate walk that settles these early wastes fewest trials.
 # Batch before precision: from a bf16 start the other precisions are rarely better and, with compile on,
@@ -101,6 +107,7 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "memory_fraction",
     "cpu_threads",
     "activation_checkpointing",
+    "allocator",
 )
 _TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "loader",
@@ -119,7 +126,7 @@ BOTTLENECK_KNOBS: dict[str, tuple[str, ...]] = {
                   "dali_threads", "dali_prefetch"),
     LAUNCH_BOUND: ("cuda_graphs", "compile", "optimizer_impl", "batch_size"),
     COMPUTE_BOUND: ("precision", "compile", "attention", "channels_last", "batch_size"),
-    MEMORY_BOUND: ("batch_size", "precision", "activation_checkpointing"),
+    MEMORY_BOUND: ("batch_size", "precision", "activation_checkpointing", "allocator"),
     # Communication: fewer bytes, fewer or better-overlapped buckets, then more compute per all-reduce.
     COMMUNICATION_BOUND: ("grad_compression", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "batch_size"),
 }
@@ -145,6 +152,9 @@ SPEED_ORDERED = frozenset({"precision", "channels_last", "cuda_graphs", "cudnn_b
                            "activation_checkpointing"})
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
+# Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
+# segments change nothing a trial could measure, and a study would pay a trial for each incumbent to learn so.
+MEMORY_ONLY = frozenset({("allocator", "expandable")})
 
 
 @dataclass(frozen=True)
@@ -189,6 +199,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         whole_batch: Under ``batch_policy: fixed``, the batch knob's value that takes no accumulation (the
             global batch; over the ranks of a DDP trial, its share of each rank): the walk's first move
             (None: no such rule).
+        value_gains: A (knob, value)'s predicted share of its best case (``SearchSpace.predicted_gains``):
+            its moves' expected gain is scaled by it.
     """
 
     def __init__(
@@ -205,6 +217,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         defer_past_slower: bool = True,
         cannot_run: Optional[Callable[[dict[str, Any]], Optional[str]]] = None,
         whole_batch: Optional[int] = None,
+        value_gains: Optional[Mapping[tuple[str, Any], float]] = None,
     ) -> None:
         if not 0 <= skip_margin < 1:
             raise ValueError("skip_margin must be in [0, 1)")
@@ -220,6 +233,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._defer_past_slower = defer_past_slower
         self._cannot_run = cannot_run or (lambda params: None)
         self._whole_batch_value = whole_batch
+        self._value_gains = dict(value_gains or {})
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     # -- Optuna's sampler interface -------------------------------------------------------------
@@ -262,12 +276,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         taken = {self._key(s.params) for s in seen}
         ooms = [(s.number, s.params) for s in seen if s.oom]
         dropped = self._dropped(seen)
+        gated = set(MEMORY_ONLY)  # opened below, once the incumbent is known, where memory binds
 
         def fresh(candidate: dict[str, Any], *, allow_dropped: bool = False) -> bool:
             asked = self._asked(candidate)
             if self._key(asked) in taken or infeasible_reason(asked, ooms) is not None:
                 return False
-            if self._cannot_run(asked) is not None:
+            if self._cannot_run(asked) is not None or any((k, v) in gated for k, v in asked.items()):
                 return False
             return allow_dropped or not any((k, v) in dropped for k, v in asked.items())
 
@@ -280,6 +295,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate):
                 return candidate
         anchor, failed_anchor, best = self._anchor(seen, prior, dropped)
+        roomier = self._roomier(seen, anchor, best)
+        if roomier is not None:
+            gated.clear()
         whole = self._whole_batch(seen, anchor)
         if whole is not None and fresh(whole):
             return whole
@@ -295,6 +313,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                                 seen, cost, best)
 
         moves = itertools.chain(
+            [roomier] if roomier else [],
             ranked(first),
             ({**anchor, name: value} for name, value in deferred if name in first),
             self._pair_moves(anchor, worse, first, deferred),
@@ -338,6 +357,21 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 return None  # tried: the walk goes on as for any knob
         return {**anchor, "batch_size": whole}
 
+    def _roomier(self, seen: list[_Seen], anchor: dict[str, Any], best: Optional[_Seen]) -> Optional[dict[str, Any]]:
+        """Where memory binds (``MEMORY_ONLY``'s rule), the move that tries its values: the incumbent with them
+        at the smallest micro-batch above its own that ran out of memory ({} when only the diagnosis says
+        memory-capacity-bound: the values are then single-knob moves like any other); None elsewhere."""
+        values = {k: v for k, v in MEMORY_ONLY if v in self._values.get(k, ())}
+        if not values:
+            return None
+        batch = anchor.get("batch_size")
+        larger = sorted(s.params["batch_size"] for s in seen if s.oom and isinstance(batch, int)
+                        and s.params.get("batch_size", 0) > batch)
+        if larger:
+            return {**anchor, **values, "batch_size": larger[0]}
+        memory_bound = best is not None and _bottleneck(best.diagnosis) == MEMORY_BOUND
+        return {} if memory_bound else None
+
     def _tiers(self, seen: list[_Seen], best: Optional[_Seen]) -> tuple[list[str], list[str]]:
         """(knobs tried first, knobs that wait), from the incumbent's bottleneck."""
         label = _bottleneck(best.diagnosis) if best is not None else None
@@ -380,7 +414,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 continue
             order = self._value_order(name, anchor[name])
             gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
-            prior = self._priors.get(name, ())
+            gain *= self._value_gains.get((name, candidate[name]), 1.0)
+            # The priors among this space's values: a value the space lacks (fp8) does not move the others' ranks.
+            prior = [v for v in self._priors.get(name, ()) if v in self._values[name]]
             # Of more than two values, the one right after the incumbent's is its peer (fp16 beside bf16).
             peer = 1 if len(self._values[name]) > 2 else 0
             if name in SPEED_ORDERED and name not in levers and anchor[name] in prior and candidate[name] in prior and (

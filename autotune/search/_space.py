@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Union
 import yaml
 
 from autotune._config import (
+    ALLOCATORS,
     ATTENTION_BACKENDS,
     BATCH_POLICIES,
     COMPILE_MODES,
@@ -36,12 +37,13 @@ from autotune._config import (
     TrialConfig,
 )
 from autotune._errors import SpaceError
+from autotune.trial import _float8
 
 _BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers",
                "activation_checkpointing", "gradient_as_bucket_view", "static_graph", "mps")
 _CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "loader": LOADERS,
                  "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
-                 "grad_compression": GRAD_COMPRESSIONS}
+                 "grad_compression": GRAD_COMPRESSIONS, "allocator": ALLOCATORS}
 
 
 def _check_value(knob: str, value: Any) -> Optional[str]:
@@ -69,7 +71,7 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
 
 
 _LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
-                          *DDP_KNOBS})
+                          "allocator", *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8
@@ -156,6 +158,10 @@ class SearchSpace:
     # The whole study's default budget in minutes (``study_minutes:``), when the space declares one; a
     # budget the user gives wins. Not part of the fingerprint: it says how long to search, not what.
     study_minutes: Optional[float] = None
+    # A (knob, value)'s predicted share of its best case, from what the reference run showed of the model
+    # (``restrict_to_model``): precision=fp8 gains only on the linear work it converts. The guided walk
+    # scales that move's expected gain by it. Not part of the fingerprint.
+    predicted_gains: dict[tuple[str, Any], float] = field(default_factory=dict)
 
     @property
     def batch_policy(self) -> str:
@@ -781,8 +787,15 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
             removals.append(("compile", mode, f"{why}: mode {mode} relies on CUDA Graphs"))
         removals.append(("mps", True, f"{why}: CUDA MPS shares a GPU between processes; co-located copies "
                                       "(processes_per_gpu) share the CPU's cores instead"))
-    elif not caps.bf16:
-        removals.append(("precision", "bf16", f"{caps.gpu_name} has no bf16 support"))
+        removals.append(("precision", "fp8", f"{why}: float8 matmuls need a GPU of compute capability 8.9 or "
+                                             "newer (Ada, Hopper)"))
+        removals.append(("allocator", "expandable", f"{why}: expandable segments are a setting of the CUDA "
+                                                    "caching allocator"))
+    else:
+        if not caps.bf16:
+            removals.append(("precision", "bf16", f"{caps.gpu_name} has no bf16 support"))
+        if getattr(caps, "fp8_unavailable", ""):
+            removals.append(("precision", "fp8", caps.fp8_unavailable))
     if not caps.compile:
         for mode in COMPILE_MODES[1:]:
             removals.append(("compile", mode, caps.compile_reason))
@@ -805,8 +818,18 @@ def restrict_to(space: SearchSpace, caps: Any) -> SearchSpace:
     removals += _process_removals(space, caps)
     for knob, value, why in removals:
         space = space.without(knob, value, why)
-    return _restrict_combinations(space, "attention", "precision",
-                                  getattr(caps, "attention_precision_unavailable", None) or {})
+    space = _restrict_combinations(space, "attention", "precision",
+                                   getattr(caps, "attention_precision_unavailable", None) or {})
+    return _restrict_combinations(space, "precision", "compile", {"fp8": {"off": FP8_NEEDS_COMPILE}})
+
+
+# Why fp8 is not paired with compile=off. Pairing the two as values that cannot run together, rather than
+# letting fp8 compile on its own, keeps the compile knob saying what the trial compiled (the cost model and
+# the compile deadline read it), and eager float8 is no config anyone should adopt: unfused, its scaling
+# and casts cost more than the float8 matmuls save. Where only compile=off is left (no compiler here), fp8
+# goes as a value, with this reason.
+FP8_NEEDS_COMPILE = ("float8 training needs torch.compile (torchao fuses its scaling and casts there; eager "
+                     "float8 is slower than bf16)")
 
 
 def _values_here(space: SearchSpace, knob: str) -> tuple[Any, ...]:
@@ -872,7 +895,8 @@ NO_4D_ACTIVATIONS = ("the model has no 4-D activations (ctx.model found no Conv2
 
 
 def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
-                      device_loader: Optional[str] = None) -> SearchSpace:
+                      device_loader: Optional[str] = None,
+                      linear_layers: Optional[list[list[int]]] = None) -> SearchSpace:
     """Remove the knob values that cannot matter for this model, or cannot run for its data, recording why.
 
     ``activations_4d`` is what the reference run recorded (``ctx.model`` looks for image layers; None when
@@ -880,11 +904,21 @@ def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
     ``channels_last=true`` goes, unless the baseline itself uses it. ``device_loader`` is what the
     reference run's ``ctx.loader`` found of its dataset: ``"ok"``, or why ``loader=device`` cannot serve it
     (random augmentation, too large, no length); then ``loader=device`` goes (None: not known).
+    ``linear_layers`` are the model's ``torch.nn.Linear`` shapes (``[in, out, count]``, None: not recorded):
+    where none passes fp8's size check, ``precision=fp8`` goes (unless the baseline uses it); otherwise
+    its predicted gain is the share of the linear work it converts (``predicted_gains``).
     """
     if activations_4d is False and not space.baseline.channels_last:
         space = space.without("channels_last", True, NO_4D_ACTIVATIONS)
     if device_loader and device_loader != "ok" and space.baseline.loader != "device":
         space = space.without("loader", "device", f"{DEVICE_LOADER_REFUSED}: {device_loader}")
+    if linear_layers is not None and "fp8" in _values_here(space, "precision"):
+        why = _float8.no_conversion_reason(linear_layers)
+        if why and space.baseline.precision != "fp8":
+            space = space.without("precision", "fp8", why)
+        elif not why:
+            gains = {**space.predicted_gains, ("precision", "fp8"): _float8.convertible_share(linear_layers)}
+            space = dataclasses.replace(space, predicted_gains=gains)
     return space
 
 

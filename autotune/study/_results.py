@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import optuna
 
-from autotune._config import Result, dumps
+from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Result, TrialConfig, dumps
 from autotune._records import CONFIRMATION, study_dir
 
 
@@ -56,6 +56,9 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
                             cuda=bool((study.user_attrs.get("hardware") or {}).get("cuda"))),
         # What the loader knobs ask of the user's own training code (loader=device: data kept on the device).
         "input_pipeline": (best.config if best else result.baseline).input_pipeline,
+        # What precision=fp8 and the allocator knob ask of the user's own code, and what the trial converted.
+        "float8": _float8(best.config if best else result.baseline, trial.user_attrs if trial else {}),
+        "allocator": _allocator(best.config if best else result.baseline),
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
         "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
@@ -115,6 +118,20 @@ def _packing(config: Any, attrs: dict[str, Any], *, cuda: bool = True) -> dict[s
         packing["measured"] = attrs["colocation_summary"]
         packing["copy_throughputs"] = attrs.get("copy_throughputs")
     return packing
+
+
+def _float8(config: TrialConfig, attrs: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Under ``precision=fp8``: how to apply it, and which linear layers the trial converted or left (why)."""
+    if config.precision != "fp8":
+        return None
+    return {"what": config.float8_training, "converted": attrs.get("extra:fp8.converted"),
+            "skipped": attrs.get("extra:fp8.skipped")}
+
+
+def _allocator(config: TrialConfig) -> dict[str, Any]:
+    """The allocator knob's value, the environment it needs (None: none) and what it means, in words."""
+    env = {ALLOC_CONF_ENV: EXPANDABLE_SEGMENTS} if config.allocator == "expandable" else None
+    return {"allocator": config.allocator, "env": env, "what": config.memory_allocator}
 
 
 def _number(value: float) -> Any:

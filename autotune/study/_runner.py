@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from autotune._config import Budget, TrialConfig, TrialOutcome
+from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Budget, TrialConfig, TrialOutcome, alloc_conf_with
 from autotune.hardware._mps import MpsSession
 from autotune.study._colocate import run_copies
 from autotune.study._isolation import run_isolated
@@ -59,9 +59,12 @@ class TrialRunner:
         )
 
     def _env(self, config: TrialConfig) -> Optional[dict[str, str]]:
-        """The variables a trial gets on top of the coordinator's: the study's compile cache, MPS."""
+        """The variables a trial gets on top of the coordinator's: the study's compile cache, MPS, and the
+        allocator's expandable segments (set in the trial process before it initialises CUDA)."""
         env = compile_cache_env(self.compile_cache, os.environ) if config.compile != "off" else {}
         env.update(self._mps_env(config))
+        if config.allocator == "expandable":
+            env[ALLOC_CONF_ENV] = alloc_conf_with(os.environ.get(ALLOC_CONF_ENV, ""), EXPANDABLE_SEGMENTS)
         return env or None
 
     @property

@@ -398,6 +398,9 @@ class Tuner:
         if not study_exists(storage, self.study_name):
             return space
         attrs = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs
+        # fp8 is newer than the linear layers' record: a study whose space has it removed it at creation
+        # exactly when this removes it again, and its predicted gain is no part of the stored space.
+        space = _space.restrict_to_model(space, activations_4d=None, linear_layers=_linear_layers(attrs))
         removed = attrs.get("removed_knobs") or {}
         if "channels_last=true" not in removed and "loader=device" not in removed:
             return space  # created before these rules, or nothing was removed for the model or its data
@@ -449,6 +452,7 @@ class Tuner:
             cannot_run=space.cannot_run if space.combinations else None,
             seed=None if self.options.study.mode == "join" else seed + self._resumed_trials,
             whole_batch=space.global_batch // space.processes_per_trial if space.batch_policy == "fixed" else None,
+            value_gains=space.predicted_gains,
         )
 
     # -- the run ---------------------------------------------------------------------------------
@@ -496,7 +500,7 @@ class Tuner:
         if mode == "join":
             study = self._join(storage)
             space = _space.parse_space(study.user_attrs["space"], where=f"study {self.study_name}", name=self.study_name)
-            space = _space.restrict_to(space, caps)
+            space = self._stored_model_restriction(storage, _space.restrict_to(space, caps))  # as its creator's
             space, mps = self._open_mps(space, cleanup)
             self._adopt_study_settings(study)
             opts = self.options
@@ -543,7 +547,8 @@ class Tuner:
                         # reference run shows which knobs cannot matter for this model.
                         space = self._plan_compiles(space, reference)
                         space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
-                                                         device_loader=_device_loader(reference))
+                                                         device_loader=_device_loader(reference),
+                                                         linear_layers=_linear_layers(reference))
                         with _storage_errors(storage_label, self.study_name), clock.part("setup"):
                             if study is None:
                                 study = self._create(storage, space, caps, reference)
@@ -667,6 +672,14 @@ def _activations_4d(reference: dict[str, Any]) -> Optional[bool]:
     """Whether the reference run's model has 4-D activations (None when it did not say)."""
     value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("activations_4d")
     return value if isinstance(value, bool) else None
+
+
+def _linear_layers(reference: dict[str, Any]) -> Optional[list[list[int]]]:
+    """The reference run's ``torch.nn.Linear`` shapes, ``[in, out, count]`` (None when it did not record them)."""
+    value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("linear_layers")
+    ok = isinstance(value, list) and all(isinstance(row, list) and len(row) == 3 and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in row) for row in value)
+    return value if ok else None
 
 
 def _device_loader(reference: dict[str, Any]) -> Optional[str]:

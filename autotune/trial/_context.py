@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _copies, _distributed, _images, _knobs, _phase, _resident
+from autotune.trial import _copies, _distributed, _float8, _images, _knobs, _phase, _resident
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._compile_cache import compile_cache_record
@@ -134,16 +134,23 @@ class TrialContext:
         return math.sqrt(self.lr_scale)
 
     def model(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move to the device, apply channels_last and torch.compile as configured."""
-        # Whether channels_last can matter (image layers): the search and the hints read it.
+        """Move to the device, apply float8 training (``precision=fp8``), channels_last and torch.compile as
+        configured. Under fp8 the trial records which linear layers were converted (``fp8.converted``) and
+        why the others were not (``fp8.skipped``).
+
+        Raises:
+            MissingExtraError: ``precision=fp8`` without torchao.
+        """
+        # Whether channels_last can matter (image layers), and what fp8 could convert: the search reads both.
         self.extras.setdefault("activations_4d", has_4d_activations(module))
+        self.extras.setdefault("linear_layers", _float8.linear_shapes(module))
         if "pairing.weights" not in self.extras:
             # The verdict pairs this trial with the fp32 reference at its seed: same initial weights is
             # half of what that needs. Two sums, once per trial, before any knob touches the module.
             self.extras["pairing.weights"] = tensor_fingerprint([p.detach() for p in module.parameters()])
         if self.probe == "loader":
             return module  # a loader probe never steps the model: no device copy, no compile
-        return _knobs.prepare_model(module, self.config, self.device)
+        return _knobs.prepare_model(module, self.config, self.device, record=self.extras)
 
     def ddp(self, model: torch.nn.Module) -> torch.nn.Module:
         """Wrap the model (from ``ctx.model``) for a trial of several ranks: ``DistributedDataParallel`` with

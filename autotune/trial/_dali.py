@@ -35,7 +35,7 @@ def output_dtype(precision: str) -> torch.dtype:
     bfloat16, so the cast rounds to the same bfloat16 as float32 would (but for rare ties, one unit
     apart), while the pipeline writes half the bytes of float32.
     """
-    return torch.float16 if precision in ("fp16", "bf16") else torch.float32
+    return torch.float16 if precision in ("fp16", "bf16", "fp8") else torch.float32
 
 
 class DaliImages:

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 import torch
 
 from autotune._errors import WorkloadError
+from autotune.trial._knobs import AUTOCAST_DTYPES
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -132,7 +133,7 @@ def shard_samples(listing: ImageList, shard: Shard, *, seed: int, shuffle: bool)
 
 def input_dtype(precision: str) -> torch.dtype:
     """The dtype image batches arrive in: the autocast dtype, so the first layer casts nothing."""
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+    return AUTOCAST_DTYPES.get(precision, torch.float32)
 
 
 class ImageFolderDataset(torch.utils.data.Dataset):

@@ -5,17 +5,20 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
-from autotune._config import TrialConfig
+from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, TrialConfig, alloc_conf_with
 from autotune._errors import KnobError, WorkloadError
 from autotune.hardware._machine import SDPA_BACKENDS
+from autotune.trial import _float8
 from autotune.trial._distributed import find_ddp
 
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# fp8 computes in bf16 outside its converted linear layers (and inside them, what float8 does not cover).
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 GRAPH_WARMUP_STEPS = 3  # eager steps on a side stream before capture, as torch's docs prescribe
 
 
@@ -35,6 +38,19 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
     The input pipeline is not a flag: build it with ``TrialContext(config=config).loader(dataset)``, which
     applies the loader knobs. For ``loader=device`` that copies the whole dataset to the device once and
     indexes each batch there (no DataLoader workers); ``config.input_pipeline`` says it in words.
+
+    ``allocator=expandable`` gives the CUDA caching allocator expandable segments: it sets
+    ``PYTORCH_CUDA_ALLOC_CONF`` (``expandable_segments:True``, beside the entries already there) when CUDA
+    has not initialised yet, and also tells an allocator that has (or whose torch read the variable at
+    import) where torch lets it; the allocator keeps the setting for the rest of the process, the variable
+    is put back. ``precision=fp8`` needs torchao (checked here, so it fails before training
+    starts); the model's conversion is ``TrialContext.model``'s, or in your own code
+    ``torchao.float8.convert_to_float8_training(model, module_filter_fn=autotune.float8_filter)`` before
+    ``torch.compile``, as ``config.float8_training`` says.
+
+    Raises:
+        KnobError: ``memory_fraction`` < 1 or ``allocator=expandable`` without a CUDA device.
+        MissingExtraError: ``precision=fp8`` without torchao.
     """
     device = device or pick_device()
     saved = {
@@ -44,7 +60,12 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
         "threads": torch.get_num_threads(),
     }
     fraction_set = False
+    saved_conf = os.environ.get(ALLOC_CONF_ENV)
+    if config.precision == "fp8":
+        _float8.require_torchao()
     try:
+        if config.allocator == "expandable":
+            _expand_segments(device)
         tf32 = config.precision != "fp32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
@@ -65,6 +86,32 @@ def applied(config: TrialConfig, device: Optional[torch.device] = None) -> Itera
         torch.set_num_threads(saved["threads"])
         if fraction_set:
             torch.cuda.set_per_process_memory_fraction(1.0, _index(device))
+        if saved_conf is None:
+            os.environ.pop(ALLOC_CONF_ENV, None)
+        else:
+            os.environ[ALLOC_CONF_ENV] = saved_conf
+
+
+def _expand_segments(device: torch.device) -> None:
+    """Expandable segments for this process's CUDA caching allocator (see ``applied``).
+
+    Raises:
+        KnobError: the device is not CUDA.
+    """
+    if device.type != "cuda":
+        raise KnobError(f"allocator=expandable needs a CUDA device ({ALLOC_CONF_ENV} configures the CUDA "
+                        "caching allocator)")
+    os.environ[ALLOC_CONF_ENV] = alloc_conf_with(os.environ.get(ALLOC_CONF_ENV, ""), EXPANDABLE_SEGMENTS)
+    # torch may have read the variable at import (a trial process is forked from a server that imported torch):
+    # its runtime setter reaches the allocator either way. Private in every release so far; newer releases
+    # deprecate torch.cuda.memory's name for torch._C's.
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \
+        getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if setter is not None:
+        setter(EXPANDABLE_SEGMENTS)
+    elif torch.cuda.is_initialized():
+        raise KnobError(f"allocator=expandable: CUDA is already initialised and torch {torch.__version__} has no "
+                        f"runtime allocator setting; start the process with {ALLOC_CONF_ENV}={EXPANDABLE_SEGMENTS}")
 
 
 def _index(device: torch.device) -> int:
@@ -151,8 +198,22 @@ def checkpointed(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.device) -> torch.nn.Module:
+def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.device, *,
+                  record: Optional[dict[str, Any]] = None) -> torch.nn.Module:
+    """``model`` on the device with the config's float8 conversion, memory format and compile.
+
+    Under ``precision=fp8`` the linear layers that ``autotune.float8_filter`` picks become torchao's
+    ``Float8Linear`` before the compile (which fuses their casts); ``record`` gets which ones, and why the
+    others were not (``fp8.converted``, ``fp8.skipped``).
+
+    Raises:
+        MissingExtraError: ``precision=fp8`` without torchao.
+    """
     model = model.to(device)
+    if config.precision == "fp8":
+        model, decided = _float8.convert(model)
+        if record is not None:
+            record.update(decided.extras())
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if config.compile != "off":
