@@ -25,6 +25,7 @@ from autotune._api import load_study_result
 from autotune._config import TrialConfig
 from autotune.insight._accuracy import accuracy_lines
 from autotune.study._references import judge_stored
+from autotune.study._verdict import wander
 
 
 def verdict_table(study: optuna.Study) -> list[str]:
@@ -44,7 +45,11 @@ def verdict_table(study: optuna.Study) -> list[str]:
 def rejudge(study: optuna.Study) -> list[str]:
     """Every measured trial judged again, from its stored trajectory and the stored reference bands, by the
     current verdict rules: what a study recorded under older rules reads under the new ones."""
-    attrs = study.user_attrs
+    attrs = dict(study.user_attrs)
+    band, curves = attrs.get("reference_band"), attrs.get("reference_curves") or []
+    if band is not None and band.get("seed_wander") is None and len(curves) >= 2 and len(curves[0]) == len(curves[1]):
+        # A study stored before the band kept the seeds' wander: the two seeds' stored curves give it.
+        attrs["reference_band"] = {**band, "seed_wander": wander(curves[1], curves[0])}
     base = TrialConfig.from_dict(attrs["baseline_config"]).global_batch_size
     rows = ["| trial | config | as run | judged again | evidence (judged again) |", "|---:|---|---|---|---|"]
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -54,7 +59,9 @@ def rejudge(study: optuna.Study) -> list[str]:
         config = TrialConfig.from_dict(a["config"])
         verdict = judge_stored(attrs, config, a.get("losses") or [], a.get("metric"), baseline_global_batch=base,
                                max_accuracy_loss=attrs.get("max_accuracy_loss", 0.01),
-                               metric_direction=attrs.get("metric_direction", "maximize"))
+                               metric_direction=attrs.get("metric_direction", "maximize"),
+                               loss_every=a.get("loss_every", 1),
+                               extras={k[len("extra:"):]: v for k, v in a.items() if k.startswith("extra:")})
         rows.append(f"| {t.number} | `{config.describe()}` | {a.get('accuracy_verdict', '')} | {verdict.label} | "
                     f"{verdict.evidence[:220]} |")
     return rows
