@@ -184,7 +184,7 @@ def test_sweep_grid_parsing_and_compile_filter() -> None:
     with pytest.raises(ValueError):
         sweep.parse_assignments(["num_workers=4"], knobs)  # the data is on the device: no loader knobs
     with pytest.raises(ValueError):
-        sweep.parse_assignments(["precision=fp8"], knobs)
+        sweep.parse_assignments(["precision=fp4"], knobs)  # not a precision
 
     w = sweep.WORKLOADS["resnet50"]
     configs = sweep.plan(w.grid, w.compile_only)
