@@ -177,3 +177,32 @@ def test_an_unseeded_loader_falls_back_to_the_band_and_says_why() -> None:
     verdict = _loss_verdict("train_unseeded", FP32.replace(precision="bf16"), 0, reference_fn="train_unseeded")
     assert "not paired: its first global batch differs" in verdict.evidence
     assert "fp32" in verdict.evidence and verdict.label in ("equivalent", "unchecked")
+
+
+def _memorised(rng: random.Random, steps: int = 96) -> list[float]:
+    """A loss driven near zero: from 7 to about 2e-4, with batch noise proportional to the loss."""
+    return [(2e-4 + 7.0 * math.exp(-t / 8)) * (1 + rng.gauss(0.0, 0.1)) for t in range(steps)]
+
+
+def test_a_loss_driven_near_zero_floors_the_margin_at_a_share_of_what_fp32_learned() -> None:
+    # An H200 ResNet-50 memorising its pool ended at fp32 2e-4 and bf16 3e-4 of the 3.4 it learned: a share of
+    # the loss (5e-6) was a margin stricter than rounding, and every bf16 trial was rejected.
+    rng = random.Random(3)
+    first = _memorised(rng)
+    band = ReferenceBand.of_measurements([_measurement(first), _measurement(_memorised(rng))])
+    assert band.paired_margin(0.01) == pytest.approx(0.001 * band.drop)
+    assert band.paired_margin_floored(0.01)
+    rounding_floor = [v + (1e-4 if t >= 48 else 0.0) for t, v in enumerate(first)]
+    verdict = judge(rounding_floor, None, band, reference_metric=None, max_accuracy_loss=0.01,
+                    pairing=fingerprints(PRINTS))
+    assert verdict.label == "equivalent", verdict.evidence
+    assert "of what fp32 learned" in verdict.evidence and "ended near zero" in verdict.evidence
+    # Harm that keeps the loss well off zero is still seen, paired.
+    stuck = [v + (0.05 if t >= 48 else 0.0) for t, v in enumerate(first)]
+    assert _label(band, stuck) == "degraded"
+
+
+def test_the_margin_floor_leaves_a_loss_far_from_zero_alone() -> None:
+    band = ReferenceBand.of_measurements([_measurement(_curve(random.Random(4))), _measurement(_curve(random.Random(5)))])
+    assert not band.paired_margin_floored(0.01)
+    assert band.paired_margin(0.01) > 0.001 * band.drop

@@ -48,6 +48,10 @@ PAIRED_BLOCKS = 8  # block means of the paired difference: few enough that neigh
 PAIRED_SHARE = 0.1  # the margin: a tenth of how far a change of seed moves fp32's loss, paired the same way ...
 PAIRED_FLOOR = 0.025  # ... or this share of the reference's loss (max_accuracy_loss when larger): bf16 rounding alone
 # moved the planted workload's paired loss by up to 1.9% of it (benchmarks/results/accuracy-cpu.md)
+PAIRED_DROP_FLOOR = 0.001  # ... or this share of how far the reference's loss fell: a tenth of the band's DROP_FLOOR,
+# as the paired margin is a tenth of the seeds' drift. It binds only on a loss driven near zero (under 4% of what
+# it learned), where the precision sets the floor: an H200 ResNet-50 memorising its pool ended at fp32 0.0002 and
+# bf16 0.0004 out of 3.4 learned, with both seeds' held-out accuracy 1.0 (benchmarks/results/accuracy-h200.md).
 MIN_PAIRED_POINTS = 8  # fewer points in the window cannot give block means
 DECAYED_SHARE = 0.1  # a pairing that leaves this share of the seeds' per-step variance in the paired difference has
 # decayed: a held one cancels nearly all of it (clean CPU twins left at most 0.3%, a stable H200 ResNet-50 3%;
@@ -230,12 +234,20 @@ class ReferenceBand:
         A tenth of the second seed's paired drift: on a loss still falling steeply a change of seed moves
         the trajectory far, and so may a harmless change of rounding. At least ``max_accuracy_loss`` (read
         as a share of the loss) or ``PAIRED_FLOOR`` of the reference's window loss, so seeds that agree
-        closely do not make the test stricter than rounding.
+        closely do not make the test stricter than rounding. At least ``PAIRED_DROP_FLOOR`` of how far the
+        reference's loss fell: on a loss driven near zero a share of the loss is stricter than rounding too.
         """
         window = self.paired[-_window(len(self.paired)):]
         level = abs(statistics.fmean(window)) if window else 0.0
         drift = PAIRED_SHARE * abs(self.drift) if self.drift is not None else 0.0
-        return max(drift, max(max_accuracy_loss, PAIRED_FLOOR) * level, 1e-12)
+        learned = PAIRED_DROP_FLOOR * max(self.drop, 0.0) if self.has_losses else 0.0
+        return max(drift, max(max_accuracy_loss, PAIRED_FLOOR) * level, learned, 1e-12)
+
+    def paired_margin_floored(self, max_accuracy_loss: float) -> bool:
+        """True when the margin is set by what fp32 learned: its loss is near zero, where precision sets the floor."""
+        if not self.has_losses or self.drop <= 0:
+            return False
+        return self.paired_margin(max_accuracy_loss) <= PAIRED_DROP_FLOOR * self.drop
 
 
 def fingerprints(extras: dict[str, Any]) -> dict[str, list[float]]:
@@ -429,9 +441,12 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
             mean, upper, points = paired
             excesses.append(upper - margin)
             blind = band.loss_blind_reason(margin)
+            floored = (f", {PAIRED_DROP_FLOOR:.1%} of what fp32 learned ({band.drop:.3g}): its loss ended near zero "
+                       f"({band.mean_final:.3g}), where the precision sets the floor"
+                       if band.paired_margin_floored(max_accuracy_loss) else "")
             where = (f"paired with the fp32 run at its seed, loss higher by {mean:+.3g} over the last "
                      f"{points * loss_every} steps (95% upper bound {upper:.3g} {'>' if upper > margin else '<='} "
-                     f"margin {margin:.3g})")
+                     f"margin {margin:.3g}{floored})")
             if upper > margin:
                 # Decayed, a difference above the margin may be chaos as much as harm, but it is not shown
                 # equivalent either, and the band cannot clear it: a harm that adds noise decays the pairing
