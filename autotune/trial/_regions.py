@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 
-
 @dataclass(frozen=True)
 class RegionGroup:
     """The children of one container that are compiled regionally, all of one class.
