@@ -19,6 +19,9 @@ COMPILE_MODES: tuple[str, ...] = (
     "max-autotune",
     "max-autotune-no-cudagraphs",
 )
+# What a compile covers: the whole model, or each of its repeated blocks (a transformer's layers, a ResNet
+# stage's blocks: compiled once and reused) with the rest eager; see autotune/trial/_regions.py.
+COMPILE_SCOPES: tuple[str, ...] = ("model", "regions")
 # torch.compile modes that capture CUDA Graphs themselves, which a whole-step capture cannot wrap.
 COMPILE_MODES_WITH_GRAPHS: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
 # "dali": NVIDIA DALI decodes and augments (on the GPU when there is one); see autotune/_dali.py.
@@ -76,6 +79,7 @@ class TrialConfig:
     batch_size: int = 64
     channels_last: bool = False
     compile: str = "off"
+    compile_scope: str = "model"  # what ctx.model compiles (see COMPILE_SCOPES); no effect under compile=off
     cuda_graphs: bool = False
     cudnn_benchmark: bool = False
     num_workers: int = 0
@@ -109,6 +113,8 @@ class TrialConfig:
             raise ValueError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, not {self.optimizer_impl!r}")
         if not isinstance(self.activation_checkpointing, bool):
             raise ValueError(f"activation_checkpointing must be true or false, not {self.activation_checkpointing!r}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, not {self.compile_scope!r}")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, not {self.allocator!r}")
         if self.batch_policy not in BATCH_POLICIES:
@@ -178,6 +184,8 @@ class TrialConfig:
             parts.append("channels_last")
         if self.compile != "off":
             parts.append(f"compile={self.compile}")
+            if self.compile_scope != "model":
+                parts.append(f"scope={self.compile_scope}")
         if self.cuda_graphs:
             parts.append("graphs")
         if self.attention != "auto":

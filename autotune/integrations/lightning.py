@@ -51,6 +51,8 @@ UNSUPPORTED = (
     Unsupported("optimizer_impl", ("foreach", "fused"), "the optimizer is built by the LightningModule's "
                                                         "configure_optimizers"),
     Unsupported("activation_checkpointing", (True,), "checkpointing is the LightningModule's own code"),
+    Unsupported("compile_scope", ("regions",), "run_trainer compiles the LightningModule whole, as the Trainer "
+                                               "calls it"),
     Unsupported("loader", ("dali",), "the DataModule builds a torch DataLoader"),
     Unsupported("loader", ("device",), "the DataModule builds a torch DataLoader: its batches cannot be served from data kept on the device"),
 )

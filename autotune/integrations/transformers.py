@@ -52,6 +52,8 @@ UNSUPPORTED = (
                 "the attention kernel is the model's attn_implementation, chosen where the model is built"),
     Unsupported("optimizer_impl", ("foreach",), "optim= names no foreach AdamW (adamw_torch leaves torch's choice, "
                                                 "adamw_torch_fused is the fused one)"),
+    Unsupported("compile_scope", ("regions",), "the Trainer compiles the model whole (torch_compile): autotune "
+                                               "cannot compile its blocks one by one"),
     Unsupported("loader", ("dali",), "the Trainer builds its own torch DataLoader"),
     Unsupported("loader", ("device",), "the Trainer builds its own torch DataLoader: its batches cannot be served from data kept on the device"),
 )

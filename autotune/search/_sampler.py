@@ -61,6 +61,9 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     "precision": ("bf16", "fp8", "fp16", "tf32", "fp32"),
     "channels_last": (True, False),
     "compile": ("default", "off", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"),
+    # The whole model first: its graph fuses across the blocks and compiles the loss with them; the repeated
+    # blocks one by one compile in less time (benchmarks/results/regional-compile.md).
+    "compile_scope": ("model", "regions"),
     "cuda_graphs": (True, False),
     "cudnn_benchmark": (True, False),
     "pin_memory": (True, False),
@@ -88,6 +91,7 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "batch_size",
     "precision",
     "compile",
+    "compile_scope",
     "attention",
     "channels_last",
     "cuda_graphs",
@@ -112,8 +116,8 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
 _TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "loader",
                          "dali_threads", "dali_prefetch"})
-COMPUTE_KNOBS = frozenset({"precision", "compile", "channels_last", "cuda_graphs", "cudnn_benchmark", "attention",
-                           "optimizer_impl", "activation_checkpointing"})
+COMPUTE_KNOBS = frozenset({"precision", "compile", "compile_scope", "channels_last", "cuda_graphs", "cudnn_benchmark",
+                           "attention", "optimizer_impl", "activation_checkpointing"})
 # The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).
 INPUT_BOUND, LAUNCH_BOUND, COMPUTE_BOUND, MEMORY_BOUND, COMMUNICATION_BOUND = (
     "input-bound", "launch-bound", "compute-bound", "memory-capacity-bound", "communication-bound")

@@ -23,6 +23,7 @@ from autotune._config import (
     BATCH_POLICIES,
     COMPILE_MODES,
     COMPILE_MODES_WITH_GRAPHS,
+    COMPILE_SCOPES,
     DALI_LOADER_KNOBS,
     DDP_KNOBS,
     DEVICE_DATA_SHARE,
@@ -41,8 +42,8 @@ from autotune.trial import _float8
 
 _BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers",
                "activation_checkpointing", "gradient_as_bucket_view", "static_graph", "mps")
-_CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "loader": LOADERS,
-                 "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
+_CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "compile_scope": COMPILE_SCOPES,
+                 "loader": LOADERS, "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
                  "grad_compression": GRAD_COMPRESSIONS, "allocator": ALLOCATORS}
 
 
@@ -71,7 +72,7 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
 
 
 _LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
-                          "allocator", *DDP_KNOBS})
+                          "allocator", "compile_scope", *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8
@@ -343,6 +344,9 @@ class SearchSpace:
             spec = self.knobs.get(name)
             if spec is None or spec.fixed:
                 chosen[name] = spec.values[0] if spec else getattr(self.baseline, name)
+                continue
+            if name == "compile_scope" and chosen.get("compile") == "off":
+                chosen[name] = getattr(TrialConfig(), name)  # nothing is compiled: the scope cannot matter
                 continue
             if name == "cuda_graphs" and chosen.get("compile") in COMPILE_MODES_WITH_GRAPHS:
                 chosen[name] = False  # the compile mode captures graphs itself
@@ -893,10 +897,15 @@ DEVICE_LOADER_REFUSED = "the reference run's dataset cannot be kept on the devic
 NO_4D_ACTIVATIONS = ("the model has no 4-D activations (ctx.model found no Conv2d, BatchNorm2d or pooling "
                      "layer in the reference run): the memory format changes nothing")
 
+# Why compile_scope=regions goes when the reference run shows no repeated blocks (see ``restrict_to_model``).
+NO_REPEATED_BLOCKS = ("the model has no repeated blocks (ctx.model found no nn.ModuleList or nn.Sequential "
+                      "holding two blocks of one class and structure): there is no block to compile once and reuse")
+
 
 def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
                       device_loader: Optional[str] = None,
-                      linear_layers: Optional[list[list[int]]] = None) -> SearchSpace:
+                      linear_layers: Optional[list[list[int]]] = None,
+                      repeated_blocks: Optional[list[str]] = None) -> SearchSpace:
     """Remove the knob values that cannot matter for this model, or cannot run for its data, recording why.
 
     ``activations_4d`` is what the reference run recorded (``ctx.model`` looks for image layers; None when
@@ -907,7 +916,11 @@ def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
     ``linear_layers`` are the model's ``torch.nn.Linear`` shapes (``[in, out, count]``, None: not recorded):
     where none passes fp8's size check, ``precision=fp8`` goes (unless the baseline uses it); otherwise
     its predicted gain is the share of the linear work it converts (``predicted_gains``).
+    ``repeated_blocks`` are the model's groups of repeated blocks (``autotune.trial._regions``; None: not
+    recorded): where there is none, ``compile_scope=regions`` goes (unless the baseline uses it).
     """
+    if repeated_blocks == [] and space.baseline.compile_scope != "regions":
+        space = space.without("compile_scope", "regions", NO_REPEATED_BLOCKS)
     if activations_4d is False and not space.baseline.channels_last:
         space = space.without("channels_last", True, NO_4D_ACTIVATIONS)
     if device_loader and device_loader != "ok" and space.baseline.loader != "device":

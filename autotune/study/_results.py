@@ -59,6 +59,8 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         # What precision=fp8 and the allocator knob ask of the user's own code, and what the trial converted.
         "float8": _float8(best.config if best else result.baseline, trial.user_attrs if trial else {}),
         "allocator": _allocator(best.config if best else result.baseline),
+        # Under compile: what the trial compiled (the whole model, or its repeated blocks one by one).
+        "compile": _compile(best.config if best else result.baseline, trial.user_attrs if trial else {}),
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
         "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
@@ -126,6 +128,18 @@ def _float8(config: TrialConfig, attrs: dict[str, Any]) -> Optional[dict[str, An
         return None
     return {"what": config.float8_training, "converted": attrs.get("extra:fp8.converted"),
             "skipped": attrs.get("extra:fp8.skipped")}
+
+
+def _compile(config: TrialConfig, attrs: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Under ``compile``: the mode, the scope the trial ran (``regions`` falls back to the whole model when
+    it found no repeated block) and the blocks it compiled one by one."""
+    if config.compile == "off":
+        return None
+    scope = attrs.get("extra:compile.scope", config.compile_scope)
+    mode = "" if config.compile == "default" else f"mode={config.compile!r}"
+    what = (f"block.compile({mode}) for each block of {', '.join(attrs.get('extra:compile.regions') or [])}"
+            if scope == "regions" else f"model = torch.compile(model{', ' + mode if mode else ''})")
+    return {"mode": config.compile, "scope": scope, "regions": attrs.get("extra:compile.regions"), "what": what}
 
 
 def _allocator(config: TrialConfig) -> dict[str, Any]:

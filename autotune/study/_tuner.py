@@ -398,9 +398,10 @@ class Tuner:
         if not study_exists(storage, self.study_name):
             return space
         attrs = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs
-        # fp8 is newer than the linear layers' record: a study whose space has it removed it at creation
-        # exactly when this removes it again, and its predicted gain is no part of the stored space.
-        space = _space.restrict_to_model(space, activations_4d=None, linear_layers=_linear_layers(attrs))
+        # fp8 and compile_scope are newer than the records they read: a study whose space has them removed them
+        # at creation exactly when this removes them again, and the predicted gain is no part of the stored space.
+        space = _space.restrict_to_model(space, activations_4d=None, linear_layers=_linear_layers(attrs),
+                                         repeated_blocks=_repeated_blocks(attrs))
         removed = attrs.get("removed_knobs") or {}
         if "channels_last=true" not in removed and "loader=device" not in removed:
             return space  # created before these rules, or nothing was removed for the model or its data
@@ -548,7 +549,8 @@ class Tuner:
                         space = self._plan_compiles(space, reference)
                         space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
                                                          device_loader=_device_loader(reference),
-                                                         linear_layers=_linear_layers(reference))
+                                                         linear_layers=_linear_layers(reference),
+                                                         repeated_blocks=_repeated_blocks(reference))
                         with _storage_errors(storage_label, self.study_name), clock.part("setup"):
                             if study is None:
                                 study = self._create(storage, space, caps, reference)
@@ -680,6 +682,12 @@ def _linear_layers(reference: dict[str, Any]) -> Optional[list[list[int]]]:
     ok = isinstance(value, list) and all(isinstance(row, list) and len(row) == 3 and all(
         isinstance(x, int) and not isinstance(x, bool) for x in row) for row in value)
     return value if ok else None
+
+
+def _repeated_blocks(reference: dict[str, Any]) -> Optional[list[str]]:
+    """The reference run's groups of repeated blocks, described (None when it did not record them)."""
+    value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("repeated_blocks")
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
 
 def _device_loader(reference: dict[str, Any]) -> Optional[str]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _copies, _distributed, _float8, _images, _knobs, _phase, _resident
+from autotune.trial import _copies, _distributed, _float8, _images, _knobs, _phase, _regions, _resident
 from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._compile_cache import compile_cache_record
@@ -144,6 +144,8 @@ class TrialContext:
         # Whether channels_last can matter (image layers), and what fp8 could convert: the search reads both.
         self.extras.setdefault("activations_4d", has_4d_activations(module))
         self.extras.setdefault("linear_layers", _float8.linear_shapes(module))
+        # Whether compile_scope=regions has blocks to compile: the search removes it where there are none.
+        self.extras.setdefault("repeated_blocks", [g.describe() for g in _regions.repeated_blocks(module)])
         if "pairing.weights" not in self.extras:
             # The verdict pairs this trial with the fp32 reference at its seed: same initial weights is
             # half of what that needs. Two sums, once per trial, before any knob touches the module.

@@ -14,7 +14,7 @@ import torch
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, TrialConfig, alloc_conf_with
 from autotune._errors import KnobError, WorkloadError
 from autotune.hardware._machine import SDPA_BACKENDS
-from autotune.trial import _float8
+from autotune.trial import _float8, _regions
 from autotune.trial._distributed import find_ddp
 
 # fp8 computes in bf16 outside its converted linear layers (and inside them, what float8 does not cover).
@@ -202,6 +202,10 @@ def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.dev
                   record: Optional[dict[str, Any]] = None) -> torch.nn.Module:
     """``model`` on the device with the config's float8 conversion, memory format and compile.
 
+    ``compile_scope=regions`` compiles each repeated block (``autotune.trial._regions``) instead of the whole
+    model; ``record`` gets the scope that ran (``compile.scope``) and the blocks compiled (``compile.regions``).
+    A model without repeated blocks is compiled whole.
+
     Under ``precision=fp8`` the linear layers that ``autotune.float8_filter`` picks become torchao's
     ``Float8Linear`` before the compile (which fuses their casts); ``record`` gets which ones, and why the
     others were not (``fp8.converted``, ``fp8.skipped``).
@@ -218,7 +222,13 @@ def prepare_model(model: torch.nn.Module, config: TrialConfig, device: torch.dev
         model = model.to(memory_format=torch.channels_last)
     if config.compile != "off":
         mode = None if config.compile == "default" else config.compile
-        model = torch.compile(model, mode=mode)
+        groups = _regions.compile_regions(model, mode) if config.compile_scope == "regions" else []
+        if record is not None:
+            record["compile.scope"] = "regions" if groups else "model"
+            if groups:
+                record.update(_regions.regions_record(groups))
+        if not groups:  # compile_scope=model, or a model without repeated blocks: compile it whole
+            model = torch.compile(model, mode=mode)
     return model
 
 
