@@ -20,8 +20,11 @@ deadline is cut. ``OUT_DIR/regional-h200.json`` and ``.md`` are written after ea
 
 ``--cpu`` runs small shapes on the CPU in fp32 with one compute thread (GPT: 4 layers, d_model 128, 128
 tokens; ResNet-50 at 64 px, batch 8), the measurement of ``benchmarks/results/regional-compile.md``, into
-``regional-cpu.*``. ``--tiny``
-checks the runner in seconds: tiny shapes, one round, and Dynamo with its ``eager`` backend (no Inductor).
+``regional-cpu.*``. ``--tiny`` checks the runner in seconds: tiny shapes, one round, and Dynamo with its
+``eager`` backend (no Inductor).
+
+On an H200 the defaults fit one round (four cold compiles of 30-60 s, each in its own process) in about
+4 minutes; ``--deadline 600`` leaves room for a second.
 """
 
 from __future__ import annotations
@@ -237,7 +240,8 @@ def _markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {part} | {scope} | {side['runs']} | {side['compile_seconds']:.1f} | {lo:.1f}-{hi:.1f} | "
                          f"{side['samples_per_s']:,.1f} | {rlo:,.1f}-{rhi:,.1f} | {side['best_window']:,.1f} | "
                          f"{'; '.join(side['regions']) or 'whole model'} |")
-    lines += ["", "| model | compile regions/model | rate regions/model | noise | keep regions |", "|---|---|---|---|---|"]
+    lines += ["", "| model | compile regions/model | rate regions/model | noise | keep regions |",
+              "|---|---|---|---|---|"]
     for part, entry in result["summary"].items():
         if "rate_ratio" in entry:
             ratio = f"{entry['compile_ratio']:.2f}" if entry["compile_ratio"] is not None else "-"
