@@ -31,7 +31,7 @@ from typing import Any
 
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS
 
-LADDER = (32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256)
+LADDER = (32, 40, 48, 52, 56, 60, 64, 72, 80, 96, 128)
 TINY_LADDER = (2, 4, 8)
 STEPS = 12
 MIN_SEQ, MAX_SEQ = 128, 512

@@ -162,8 +162,9 @@ def _child(part: Part, scope: str, kind: str, cache: Path, timeout: float) -> di
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    # The GPU mode is the default: it has no flag of its own.
     command = [sys.executable, "-m", "benchmarks.runners.regional_compile", "-", "--one", part.name, scope,
-               f"--{kind}"]
+               *([f"--{kind}"] if kind != "gpu" else [])]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=max(1.0, timeout))
