@@ -16,7 +16,11 @@ random until a model forms, the sampler:
 4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory), nor
    one that ``cannot_run`` names a reason for (values that cannot run together here);
 5. lets the incumbent's bottleneck choose the knobs tried first (``BOTTLENECK_KNOBS``): its stored
-   diagnosis (user attr ``diagnosis``), else its share of time waiting for input. Knobs that cannot help
+   diagnosis (user attr ``diagnosis``), else its share of time waiting for input, else (a step that does
+   not wait for input) the shape of its step time against the batch on its line: a fixed cost of at least
+   ``LAUNCH_SHARE`` of the step is launch-bound, near-constant time per sample (``COMPUTE_SHARE``)
+   compute-bound; a bottleneck can also put a knob's values first (``BOTTLENECK_VALUES``: compute-bound,
+   the max-autotune compile modes). Knobs that cannot help
    it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
    does, channels_last where the model has no 4-D activations;
    within a tier, moves are ranked by expected gain per predicted second (``_cost``): a move that needs a
@@ -141,6 +145,17 @@ BOTTLENECK_WAITS: dict[str, frozenset[str]] = {
 # Without a stored diagnosis (replayed tables): waiting this share of the windows is input-bound, as the
 # diagnosis calls it (insight's DATA_WAIT_HIGH).
 INPUT_WAIT_HIGH = 0.2
+# Without a stored diagnosis, the step time against the batch on the incumbent's line: a step whose fixed
+# cost (time at batch 0 of a line fitted through the measured batches) is at least this share of its time
+# is launch-bound (a larger batch barely costs more), at most this share compute-bound (time per sample
+# is near-constant). In between, no label: the walk's default order.
+LAUNCH_SHARE = 0.5
+COMPUTE_SHARE = 0.3
+# A bottleneck's preferred values of a knob, tried before the priors' order: compute-bound, the fused
+# max-autotune kernels are the compile lever (a slower compile, which the cost model would otherwise defer).
+BOTTLENECK_VALUES: dict[str, dict[str, tuple[Any, ...]]] = {
+    COMPUTE_BOUND: {"compile": ("max-autotune-no-cudagraphs", "max-autotune")},
+}
 # Expected gain of a move to a value the priors rank below the incumbent's on a knob whose prior is a speed
 # order (bf16 to fp32, graphs on to off): such moves rarely win, and reusing the compiled shapes makes them
 # look cheap, so without this they go before the moves that can win (a larger batch, a faster mode).
@@ -302,15 +317,17 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if whole is not None and fresh(whole):
             return whole
         worse = self._clearly_worse(seen)
-        first, later = self._tiers(seen, best)
+        label = self._bottleneck_of(seen, best)
+        first, later = self._tiers(seen, best, label)
+        prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
         priced = [s.cost for s in seen if s.cost is not None]
         # Nothing timed yet (replay without seconds, or the reference's compile alone): gain alone.
         cost = CostModel.fit(priced) if any(c.seconds is not None for c in priced) else None
 
         def ranked(knobs: Sequence[str]) -> list[dict[str, Any]]:
-            return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred), anchor, knobs,
-                                seen, cost, best)
+            return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred, prefer), anchor,
+                                knobs, seen, cost, best, prefer)
 
         moves = itertools.chain(
             [roomier] if roomier else [],
@@ -372,15 +389,45 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         memory_bound = best is not None and _bottleneck(best.diagnosis) == MEMORY_BOUND
         return {} if memory_bound else None
 
-    def _tiers(self, seen: list[_Seen], best: Optional[_Seen]) -> tuple[list[str], list[str]]:
-        """(knobs tried first, knobs that wait), from the incumbent's bottleneck."""
-        label = _bottleneck(best.diagnosis) if best is not None else None
+    def _bottleneck_of(self, seen: list[_Seen], best: Optional[_Seen]) -> Optional[str]:
+        """The incumbent's bottleneck: its stored diagnosis, else its input wait, else the shape of its step
+        time against the batch (``_batch_bound``); None when nothing says."""
+        if best is None:
+            return None
+        label = _bottleneck(best.diagnosis)
+        if label is None and best.data_wait is not None and best.data_wait >= INPUT_WAIT_HIGH:
+            label = INPUT_BOUND
+        if label is not None or (best.data_wait or 0.0) >= self._input_idle:
+            return label  # a step that waits for input at all: its time against the batch is the loader's too
+        return self._batch_bound(seen, best)
+
+    def _batch_bound(self, seen: list[_Seen], best: _Seen) -> Optional[str]:
+        """Launch- or compute-bound from the step time against the batch on the incumbent's line (every other
+        knob as the incumbent's): the fixed share of the incumbent's step in a least-squares line through
+        them, with step time = batch / throughput."""
+        if "batch_size" not in best.params or best.value is None:
+            return None
+        rest = self._rest_key(best.params, "batch_size")
+        points = [(float(s.params["batch_size"]), s.params["batch_size"] / s.value) for s in seen
+                  if s.value and s.feasible and "batch_size" in s.params and _is_number(s.params["batch_size"])
+                  and self._rest_key(s.params, "batch_size") == rest]
+        if len({b for b, _ in points}) < 2:
+            return None
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+        step = best.params["batch_size"] / best.value
+        fixed = (mean_t - slope * mean_b) / step
+        if fixed >= LAUNCH_SHARE:
+            return LAUNCH_BOUND
+        # Near zero either way (noise); far below zero, time per sample grows with the batch: not compute.
+        return COMPUTE_BOUND if abs(fixed) <= COMPUTE_SHARE else None
+
+    def _tiers(self, seen: list[_Seen], best: Optional[_Seen], label: Optional[str]) -> tuple[list[str], list[str]]:
+        """(knobs tried first, knobs that wait), from the incumbent's bottleneck ``label``."""
         waits: frozenset[str] = frozenset()
-        if label is None and best is not None and best.data_wait is not None:
-            if best.data_wait >= INPUT_WAIT_HIGH:
-                label = INPUT_BOUND
-            elif best.data_wait < self._input_idle:
-                waits = INPUT_KNOBS  # a step that does not wait for input cannot be sped up by the loader
+        if label is None and best is not None and best.data_wait is not None and best.data_wait < self._input_idle:
+            waits = INPUT_KNOBS  # a step that does not wait for input cannot be sped up by the loader
         if label is not None:
             waits = BOTTLENECK_WAITS[label]
         if any(s.activations_4d is False for s in seen):
@@ -390,7 +437,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return first, [k for k in self._order if k not in first]
 
     def _ranked(self, candidates: Iterator[dict[str, Any]], anchor: dict[str, Any], knobs: Sequence[str],
-                seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen]) -> list[dict[str, Any]]:
+                seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen],
+                prefer: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         """Single-knob moves by expected gain per predicted second, the walk's order breaking ties.
 
         The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
@@ -412,7 +460,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             name = next((k for k in knobs if candidate[k] != anchor[k]), None)
             if name is None:
                 continue
-            order = self._value_order(name, anchor[name])
+            order = self._value_order(name, anchor[name], prefer=prefer.get(name, ()))
             gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
             gain *= self._value_gains.get((name, candidate[name]), 1.0)
             # The priors among this space's values: a value the space lacks (fp8) does not move the others' ranks.
@@ -517,10 +565,11 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return {**prior, **best.params}, False, best
 
     def _neighbours(self, anchor: dict[str, Any], failed: bool, worse: set[tuple[str, Any, Any]],
-                    knobs: Sequence[str], deferred: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+                    knobs: Sequence[str], deferred: list[tuple[str, Any]],
+                    prefer: Mapping[str, Sequence[Any]]) -> Iterator[dict[str, Any]]:
         for name in knobs:
             current = anchor[name]
-            for value in self._value_order(name, current, downward=failed):
+            for value in self._value_order(name, current, downward=failed, prefer=prefer.get(name, ())):
                 if (name, value, current) not in worse and (name, value) not in deferred:
                     yield {**anchor, name: value}
 
@@ -556,11 +605,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                     out.append((name, value))
         return out
 
-    def _value_order(self, name: str, current: Any, *, downward: bool = False) -> list[Any]:
-        """The other values of a knob: priors first; numbers nearest first (up before down, or down first
-        when moving away from a config that failed, e.g. a smaller batch after an out-of-memory)."""
+    def _value_order(self, name: str, current: Any, *, downward: bool = False,
+                     prefer: Sequence[Any] = ()) -> list[Any]:
+        """The other values of a knob: ``prefer`` (the bottleneck's values, ``BOTTLENECK_VALUES``), then the
+        priors; numbers nearest first (up before down, or down first when moving away from a config that
+        failed, e.g. a smaller batch after an out-of-memory)."""
         values = [v for v in self._values[name] if v != current]
-        preferred = [v for v in self._priors.get(name, ()) if v in values]
+        preferred = list(dict.fromkeys(v for v in (*prefer, *self._priors.get(name, ())) if v in values))
         if preferred:
             return preferred + [v for v in values if v not in preferred]
         if not (_is_number(current) and all(_is_number(v) for v in values)):
