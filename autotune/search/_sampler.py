@@ -23,9 +23,10 @@ random until a model forms, the sampler:
    the max-autotune compile modes). Knobs that cannot help
    it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
    does, channels_last where the model has no 4-D activations;
-   within a tier, moves are ranked by expected gain per predicted second (``_cost``): a move that needs a
-   fresh compile must promise more than one that reuses the compiled shapes; a value whose gain the model
-   predicts (``value_gains``: fp8 gains only on the linear work it converts) has its gain scaled by it;
+   within a tier, moves are ranked by expected gain; the predicted seconds (``_cost``) only order moves
+   of near-equal gain (``NEAR_TIE``), so a costly move that can win (a max-autotune compile) does not wait
+   behind several cheap ones that rarely do; a value whose gain the model predicts (``value_gains``: fp8
+   gains only on the linear work it converts) has its gain scaled by it;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
@@ -165,6 +166,8 @@ DOWN_PRIOR_SHARE = 0.25
 # nor the host-side knobs (pinning and persistent workers trade host cores and memory, which can bind).
 SPEED_ORDERED = frozenset({"precision", "channels_last", "cuda_graphs", "cudnn_benchmark", "optimizer_impl",
                            "activation_checkpointing"})
+# Moves whose expected gain is at least this share of the best one left are near-ties: the cheaper goes first.
+NEAR_TIE = 0.75
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
 # Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
@@ -439,7 +442,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
     def _ranked(self, candidates: Iterator[dict[str, Any]], anchor: dict[str, Any], knobs: Sequence[str],
                 seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen],
                 prefer: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-        """Single-knob moves by expected gain per predicted second, the walk's order breaking ties.
+        """Single-knob moves by expected gain; among near-ties (``NEAR_TIE``) by gain per predicted second.
 
         The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
         knob nearer the incumbent, and quartered where measured pairs show the knob barely matters, or show
@@ -475,8 +478,16 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if (name, self._key([candidate[name]]), self._key([anchor[name]])) in slower:
                 gain *= 0.25  # a pair elsewhere measured this value slower than the incumbent's
             seconds = max(1e-3, cost.predict({**extra, **candidate}, rate)) if cost is not None else 1.0
-            scored.append((-gain / seconds, i, candidate))
-        return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
+            scored.append((gain, seconds, i, candidate))
+        # By gain; the predicted seconds count only among moves within NEAR_TIE of the best gain left (there by
+        # gain per second): a costly move that can win must not wait behind several cheap ones that rarely do.
+        scored.sort(key=lambda t: (-t[0], t[2]))
+        out: list[dict[str, Any]] = []
+        while scored:
+            tier = [t for t in scored if t[0] >= NEAR_TIE * scored[0][0]]
+            scored = scored[len(tier):]
+            out += [c for _, _, _, c in sorted(tier, key=lambda t: (-t[0] / t[1], t[2]))]
+        return out
 
     def _lines(self, seen: list[_Seen], name: str) -> list[list[_Seen]]:
         """The measured trials in groups that differ only in knob ``name`` (lines along that knob)."""
