@@ -330,3 +330,15 @@ def test_a_compute_bound_step_tries_the_max_autotune_compile_first():
     seen = [_seen(0, prior, 100.0), _seen(1, {**prior, "batch_size": 512}, 101.0)]
     # Compute-bound: the fused kernels before the batch's next value down, precision or graphs off.
     assert sampler.propose(seen) == {**prior, "batch_size": 512, "compile": "max-autotune-no-cudagraphs"}
+
+
+def test_only_the_top_precision_has_a_peer():
+    # From bf16, fp16 is its peer and keeps its gain; from fp16, tf32 is a step down: a check that waits.
+    space = {"precision": CategoricalDistribution(["fp32", "tf32", "fp16", "bf16"]),
+             "batch_size": CategoricalDistribution([128, 256])}
+    sampler = GuidedSampler(search_space=space, seed=0, knob_order=("precision", "batch_size"))
+    seen = [_seen(0, {"precision": "bf16", "batch_size": 256}, 90.0),
+            _seen(1, {"precision": "fp16", "batch_size": 256}, 100.0)]
+    assert sampler.propose(seen) == {"precision": "fp16", "batch_size": 128}
+    assert GuidedSampler(search_space=space, seed=0, knob_order=("precision", "batch_size")).propose(
+        seen[:1]) == {"precision": "fp16", "batch_size": 256}

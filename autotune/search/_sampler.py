@@ -468,8 +468,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             gain *= self._value_gains.get((name, candidate[name]), 1.0)
             # The priors among this space's values: a value the space lacks (fp8) does not move the others' ranks.
             prior = [v for v in self._priors.get(name, ()) if v in self._values[name]]
-            # Of more than two values, the one right after the incumbent's is its peer (fp16 beside bf16).
-            peer = 1 if len(self._values[name]) > 2 else 0
+            # Of more than two values, the one right after the top one is its peer (fp16 beside bf16); lower
+            # down there is none (from fp16, tf32 is a step down).
+            peer = 1 if len(self._values[name]) > 2 and prior[:1] == [anchor[name]] else 0
             if name in SPEED_ORDERED and name not in levers and anchor[name] in prior and candidate[name] in prior and (
                     prior.index(candidate[name]) > prior.index(anchor[name]) + peer):
                 gain *= DOWN_PRIOR_SHARE  # a slower value than the incumbent's by the priors: a check, not a lever
