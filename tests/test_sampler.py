@@ -342,3 +342,15 @@ def test_only_the_top_precision_has_a_peer():
     assert sampler.propose(seen) == {"precision": "fp16", "batch_size": 128}
     assert GuidedSampler(search_space=space, seed=0, knob_order=("precision", "batch_size")).propose(
         seen[:1]) == {"precision": "fp16", "batch_size": 256}
+
+
+def test_after_an_out_of_memory_the_larger_batch_is_retried_with_the_memory_savers():
+    space = {"batch_size": CategoricalDistribution([64, 128, 256]),
+             "cuda_graphs": CategoricalDistribution([False, True]),
+             "cudnn_benchmark": CategoricalDistribution([False, True])}
+    sampler = GuidedSampler(search_space=space, seed=0)
+    prior = sampler.prior_point()
+    assert prior == {"batch_size": 128, "cuda_graphs": True, "cudnn_benchmark": True}
+    seen = [_seen(0, prior, 100.0), _seen(1, {**prior, "batch_size": 256}, oom=True)]
+    # No graph pool, no cuDNN workspace: the one config at 256 that may fit, before any other move.
+    assert sampler.propose(seen) == {"batch_size": 256, "cuda_graphs": False, "cudnn_benchmark": False}

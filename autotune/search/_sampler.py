@@ -38,7 +38,9 @@ random until a model forms, the sampler:
    nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data);
 9. proposes the allocator's expandable segments (``MEMORY_ONLY``) only where memory binds: a micro-batch
    larger than the incumbent's ran out of memory (then first, at the smallest such batch), or the
-   incumbent's diagnosis says memory-capacity-bound.
+   incumbent's diagnosis says memory-capacity-bound; that first retry of the larger batch also takes the
+   memory savers the space has (``MEMORY_SAVERS``: activation checkpointing, CUDA Graphs and cuDNN
+   benchmark off), all at once: the walk can take them back one by one once the batch fits.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -173,6 +175,11 @@ FAILS_TO_DROP = 2
 # Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
 # segments change nothing a trial could measure, and a study would pay a trial for each incumbent to learn so.
 MEMORY_ONLY = frozenset({("allocator", "expandable")})
+# Values that need less device memory than their alternatives, at some speed: recomputed activations, no
+# graph-private memory pool, no cuDNN autotuning workspace. After an out-of-memory at a larger batch than the
+# incumbent's, the incumbent is retried there with all of them at once (``_roomier``): the batch is often the
+# larger lever, and the walk can then take back the savers one by one.
+MEMORY_SAVERS = frozenset({("activation_checkpointing", True), ("cuda_graphs", False), ("cudnn_benchmark", False)})
 
 
 @dataclass(frozen=True)
@@ -379,16 +386,19 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _roomier(self, seen: list[_Seen], anchor: dict[str, Any], best: Optional[_Seen]) -> Optional[dict[str, Any]]:
         """Where memory binds (``MEMORY_ONLY``'s rule), the move that tries its values: the incumbent with them
-        at the smallest micro-batch above its own that ran out of memory ({} when only the diagnosis says
+        and the ``MEMORY_SAVERS`` at the smallest micro-batch above its own that ran out of memory ({} when only the diagnosis says
         memory-capacity-bound: the values are then single-knob moves like any other); None elsewhere."""
         values = {k: v for k, v in MEMORY_ONLY if v in self._values.get(k, ())}
-        if not values:
+        savers = {k: v for k, v in MEMORY_SAVERS if v in self._values.get(k, ()) and anchor.get(k) != v}
+        if not values and not savers:
             return None
         batch = anchor.get("batch_size")
         larger = sorted(s.params["batch_size"] for s in seen if s.oom and isinstance(batch, int)
                         and s.params.get("batch_size", 0) > batch)
         if larger:
-            return {**anchor, **values, "batch_size": larger[0]}
+            return {**anchor, **values, **savers, "batch_size": larger[0]}
+        if not values:
+            return None
         memory_bound = best is not None and _bottleneck(best.diagnosis) == MEMORY_BOUND
         return {} if memory_bound else None
 
