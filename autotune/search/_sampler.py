@@ -386,8 +386,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _roomier(self, seen: list[_Seen], anchor: dict[str, Any], best: Optional[_Seen]) -> Optional[dict[str, Any]]:
         """Where memory binds (``MEMORY_ONLY``'s rule), the move that tries its values: the incumbent with them
-        and the ``MEMORY_SAVERS`` at the smallest micro-batch above its own that ran out of memory ({} when only the diagnosis says
-        memory-capacity-bound: the values are then single-knob moves like any other); None elsewhere."""
+        and the ``MEMORY_SAVERS`` at the smallest micro-batch above its own that ran out of memory ({} when only
+        the diagnosis says memory-capacity-bound: the values are then single-knob moves like any other); None
+        elsewhere."""
         values = {k: v for k, v in MEMORY_ONLY if v in self._values.get(k, ())}
         savers = {k: v for k, v in MEMORY_SAVERS if v in self._values.get(k, ()) and anchor.get(k) != v}
         if not values and not savers:
