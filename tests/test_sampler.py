@@ -354,3 +354,23 @@ def test_after_an_out_of_memory_the_larger_batch_is_retried_with_the_memory_save
     seen = [_seen(0, prior, 100.0), _seen(1, {**prior, "batch_size": 256}, oom=True)]
     # No graph pool, no cuDNN workspace: the one config at 256 that may fit, before any other move.
     assert sampler.propose(seen) == {"batch_size": 256, "cuda_graphs": False, "cudnn_benchmark": False}
+
+
+def test_after_a_repaired_prior_point_the_reverted_knobs_come_back_one_at_a_time():
+    from autotune.search._sampler import _Seen
+
+    space = {"precision": CategoricalDistribution(["fp32", "bf16"]),
+             "batch_size": CategoricalDistribution([64, 128, 256]),
+             "channels_last": CategoricalDistribution([False, True]),
+             "cuda_graphs": CategoricalDistribution([False, True])}
+    sampler = GuidedSampler(search_space=space, seed=0)
+    prior = sampler.prior_point()
+    assert prior == {"precision": "bf16", "batch_size": 128, "channels_last": True, "cuda_graphs": True}
+    failed = _Seen(number=0, params=prior, value=None, feasible=False, oom=False, reference=False, failed=True)
+    repaired = sampler.propose([failed])
+    assert repaired == {**prior, "channels_last": False, "cuda_graphs": False}  # the later half reverted
+    seen = [failed, _seen(1, repaired, 100.0)]
+    # The fault is usually one value: channels_last back first, then graphs, before any other move.
+    assert sampler.propose(seen) == {**repaired, "channels_last": True}
+    seen.append(_seen(2, {**repaired, "channels_last": True}, 90.0))
+    assert sampler.propose(seen) == {**repaired, "cuda_graphs": True}

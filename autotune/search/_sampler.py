@@ -34,7 +34,8 @@ random until a model forms, the sampler:
    random;
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
-   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk,
+   costs at most two trials; once a repair runs, the reverted knobs go back to the prior's values one at
+   a time, first among the moves (``_restores``), until each has run once; a value that failed twice and never ran is not proposed again by the walk,
    nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data);
 9. proposes the allocator's expandable segments (``MEMORY_ONLY``) only where memory binds: a micro-batch
    larger than the incumbent's ran out of memory (then first, at the smallest such batch), or the
@@ -323,6 +324,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         roomier = self._roomier(seen, anchor, best)
         if roomier is not None:
             gated.clear()
+        for candidate in self._restores(seen, prior, anchor, best):
+            if fresh(candidate):
+                return candidate
         whole = self._whole_batch(seen, anchor)
         if whole is not None and fresh(whole):
             return whole
@@ -562,6 +566,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         start = next((s for s in seen if self._key(s.params) == self._key(asked)), None)
         if start is None or not start.failed or any(s.value is not None and not s.reference for s in seen):
             return []
+        return self._halves(seen, prior)
+
+    def _halves(self, seen: list[_Seen], prior: dict[str, Any]) -> list[dict[str, Any]]:
+        """The prior with the later half, the earlier half, then all of the knobs where it differs from the
+        reference run reverted to the reference's values."""
+        asked = self._asked(prior)
         reference = next((s.params for s in seen if s.reference and s.value is not None), {})
         safe = {k: reference.get(k, (self._value_order(k, prior[k]) or [prior[k]])[0]) for k in asked}
         differ = [k for k in self._order if k in asked and safe[k] != prior[k]]
@@ -570,6 +580,21 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         cut = len(differ) // 2
         halves = [differ[cut:], differ[:cut], differ]
         return [{**prior, **{k: safe[k] for k in half}} for half in halves if half]
+
+    def _restores(self, seen: list[_Seen], prior: dict[str, Any], anchor: dict[str, Any],
+                  best: Optional[_Seen]) -> list[dict[str, Any]]:
+        """After the prior point failed (not out of memory) and a repair of it ran: the incumbent with each
+        reverted knob back at the prior's value, one at a time, in the walk's order, until each has run once.
+        A repair reverts half the knobs at once; the fault is usually one value, and the others were the
+        priors' best."""
+        asked = self._asked(prior)
+        start = next((s for s in seen if self._key(s.params) == self._key(asked)), None)
+        if start is None or not start.failed or best is None or best.reference:
+            return []
+        # A knob is back once any trial but the reference has run with its prior value.
+        back = {k for s in seen if s.value is not None and not s.reference for k in asked
+                if s.params.get(k) == prior[k]}
+        return [{**anchor, k: prior[k]} for k in self._order if k in asked and k not in back]
 
     def _anchor(self, seen: list[_Seen], prior: dict[str, Any],
                 dropped: set[tuple[str, Any]]) -> tuple[dict[str, Any], bool, Optional[_Seen]]:
