@@ -28,3 +28,10 @@ def test_guided_walk_median_trials_to_95_on_the_family() -> None:
     trials = [replay(family.table(seed), "guided", trials=30, seed=0, noise=0.02).trials_to_95
               for seed in range(8)]  # family.seeds(8): every one of them has a feasible best
     assert statistics.median(trials) <= FAMILY_MEDIAN_BOUND, trials
+
+
+def test_without_row_noise_only_the_throughputs_change() -> None:
+    noisy, clean = family.lines(1), family.lines(1, row_noise=False)
+    assert [(a["params"], a["status"]) for a in noisy] == [(b["params"], b["status"]) for b in clean]
+    assert [a.get("accuracy_loss") for a in noisy] == [b.get("accuracy_loss") for b in clean]
+    assert [a["throughput"] for a in noisy] != [b["throughput"] for b in clean]

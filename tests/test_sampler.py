@@ -295,3 +295,82 @@ def test_a_value_the_space_lacks_does_not_change_the_order_of_the_others():
     sampler = GuidedSampler(search_space=space, seed=0, knob_order=("channels_last", "precision"))
     seen = [_seen(0, {"precision": "bf16", "channels_last": True}, 100.0)]
     assert sampler.propose(seen) == {"precision": "fp16", "channels_last": True}
+
+
+COMPILE = {"precision": CategoricalDistribution(["fp32", "bf16"]),
+           "batch_size": CategoricalDistribution([128, 256, 512]),
+           "compile": CategoricalDistribution(["off", "default", "max-autotune-no-cudagraphs"]),
+           "cuda_graphs": CategoricalDistribution([False, True])}
+
+
+@pytest.mark.parametrize(("rates", "bound"), [((100.0, 101.0), "compute-bound"), ((100.0, 190.0), "launch-bound"),
+                                              ((100.0, 140.0), None)])
+def test_without_a_diagnosis_the_step_time_against_the_batch_names_the_bound(rates, bound):
+    # Time per sample constant (throughput flat in the batch): compute-bound; time per step constant
+    # (throughput doubles with the batch): launch-bound; in between, nothing said.
+    sampler = GuidedSampler(search_space=COMPILE, seed=0)
+    prior = sampler.prior_point()
+    seen = [_seen(0, prior, rates[0]), _seen(1, {**prior, "batch_size": 512}, rates[1])]
+    assert sampler._bottleneck_of(seen, seen[1]) == bound
+
+
+def test_a_step_that_waits_for_input_is_not_judged_by_its_batch_line():
+    from dataclasses import replace
+
+    sampler = GuidedSampler(search_space=COMPILE, seed=0)
+    prior = sampler.prior_point()
+    seen = [_seen(0, prior, 100.0), replace(_seen(1, {**prior, "batch_size": 512}, 101.0), data_wait=0.1)]
+    assert sampler._bottleneck_of(seen, seen[1]) is None
+
+
+def test_a_compute_bound_step_tries_the_max_autotune_compile_first():
+    sampler = GuidedSampler(search_space=COMPILE, seed=0)
+    prior = sampler.prior_point()
+    assert prior == {"precision": "bf16", "batch_size": 256, "compile": "default", "cuda_graphs": True}
+    seen = [_seen(0, prior, 100.0), _seen(1, {**prior, "batch_size": 512}, 101.0)]
+    # Compute-bound: the fused kernels before the batch's next value down, precision or graphs off.
+    assert sampler.propose(seen) == {**prior, "batch_size": 512, "compile": "max-autotune-no-cudagraphs"}
+
+
+def test_only_the_top_precision_has_a_peer():
+    # From bf16, fp16 is its peer and keeps its gain; from fp16, tf32 is a step down: a check that waits.
+    space = {"precision": CategoricalDistribution(["fp32", "tf32", "fp16", "bf16"]),
+             "batch_size": CategoricalDistribution([128, 256])}
+    sampler = GuidedSampler(search_space=space, seed=0, knob_order=("precision", "batch_size"))
+    seen = [_seen(0, {"precision": "bf16", "batch_size": 256}, 90.0),
+            _seen(1, {"precision": "fp16", "batch_size": 256}, 100.0)]
+    assert sampler.propose(seen) == {"precision": "fp16", "batch_size": 128}
+    assert GuidedSampler(search_space=space, seed=0, knob_order=("precision", "batch_size")).propose(
+        seen[:1]) == {"precision": "fp16", "batch_size": 256}
+
+
+def test_after_an_out_of_memory_the_larger_batch_is_retried_with_the_memory_savers():
+    space = {"batch_size": CategoricalDistribution([64, 128, 256]),
+             "cuda_graphs": CategoricalDistribution([False, True]),
+             "cudnn_benchmark": CategoricalDistribution([False, True])}
+    sampler = GuidedSampler(search_space=space, seed=0)
+    prior = sampler.prior_point()
+    assert prior == {"batch_size": 128, "cuda_graphs": True, "cudnn_benchmark": True}
+    seen = [_seen(0, prior, 100.0), _seen(1, {**prior, "batch_size": 256}, oom=True)]
+    # No graph pool, no cuDNN workspace: the one config at 256 that may fit, before any other move.
+    assert sampler.propose(seen) == {"batch_size": 256, "cuda_graphs": False, "cudnn_benchmark": False}
+
+
+def test_after_a_repaired_prior_point_the_reverted_knobs_come_back_one_at_a_time():
+    from autotune.search._sampler import _Seen
+
+    space = {"precision": CategoricalDistribution(["fp32", "bf16"]),
+             "batch_size": CategoricalDistribution([64, 128, 256]),
+             "channels_last": CategoricalDistribution([False, True]),
+             "cuda_graphs": CategoricalDistribution([False, True])}
+    sampler = GuidedSampler(search_space=space, seed=0)
+    prior = sampler.prior_point()
+    assert prior == {"precision": "bf16", "batch_size": 128, "channels_last": True, "cuda_graphs": True}
+    failed = _Seen(number=0, params=prior, value=None, feasible=False, oom=False, reference=False, failed=True)
+    repaired = sampler.propose([failed])
+    assert repaired == {**prior, "channels_last": False, "cuda_graphs": False}  # the later half reverted
+    seen = [failed, _seen(1, repaired, 100.0)]
+    # The fault is usually one value: channels_last back first, then graphs, before any other move.
+    assert sampler.propose(seen) == {**repaired, "channels_last": True}
+    seen.append(_seen(2, {**repaired, "channels_last": True}, 90.0))
+    assert sampler.propose(seen) == {**repaired, "cuda_graphs": True}

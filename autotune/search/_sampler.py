@@ -16,12 +16,17 @@ random until a model forms, the sampler:
 4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory), nor
    one that ``cannot_run`` names a reason for (values that cannot run together here);
 5. lets the incumbent's bottleneck choose the knobs tried first (``BOTTLENECK_KNOBS``): its stored
-   diagnosis (user attr ``diagnosis``), else its share of time waiting for input. Knobs that cannot help
+   diagnosis (user attr ``diagnosis``), else its share of time waiting for input, else (a step that does
+   not wait for input) the shape of its step time against the batch on its line: a fixed cost of at least
+   ``LAUNCH_SHARE`` of the step is launch-bound, near-constant time per sample (``COMPUTE_SHARE``)
+   compute-bound; a bottleneck can also put a knob's values first (``BOTTLENECK_VALUES``: compute-bound,
+   the max-autotune compile modes). Knobs that cannot help
    it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
    does, channels_last where the model has no 4-D activations;
-   within a tier, moves are ranked by expected gain per predicted second (``_cost``): a move that needs a
-   fresh compile must promise more than one that reuses the compiled shapes; a value whose gain the model
-   predicts (``value_gains``: fp8 gains only on the linear work it converts) has its gain scaled by it;
+   within a tier, moves are ranked by expected gain; the predicted seconds (``_cost``) only order moves
+   of near-equal gain (``NEAR_TIE``), so a costly move that can win (a max-autotune compile) does not wait
+   behind several cheap ones that rarely do; a value whose gain the model predicts (``value_gains``: fp8
+   gains only on the linear work it converts) has its gain scaled by it;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
@@ -29,11 +34,14 @@ random until a model forms, the sampler:
    random;
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
-   costs at most two trials; a value that failed twice and never ran is not proposed again by the walk,
+   costs at most two trials; once a repair runs, the reverted knobs go back to the prior's values one at
+   a time, first among the moves (``_restores``), until each has run once; a value that failed twice and never ran is not proposed again by the walk,
    nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data);
 9. proposes the allocator's expandable segments (``MEMORY_ONLY``) only where memory binds: a micro-batch
    larger than the incumbent's ran out of memory (then first, at the smallest such batch), or the
-   incumbent's diagnosis says memory-capacity-bound.
+   incumbent's diagnosis says memory-capacity-bound; that first retry of the larger batch also takes the
+   memory savers the space has (``MEMORY_SAVERS``: activation checkpointing, CUDA Graphs and cuDNN
+   benchmark off), all at once: the walk can take them back one by one once the batch fits.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -145,6 +153,17 @@ BOTTLENECK_WAITS: dict[str, frozenset[str]] = {
 # Without a stored diagnosis (replayed tables): waiting this share of the windows is input-bound, as the
 # diagnosis calls it (insight's DATA_WAIT_HIGH).
 INPUT_WAIT_HIGH = 0.2
+# Without a stored diagnosis, the step time against the batch on the incumbent's line: a step whose fixed
+# cost (time at batch 0 of a line fitted through the measured batches) is at least this share of its time
+# is launch-bound (a larger batch barely costs more), at most this share compute-bound (time per sample
+# is near-constant). In between, no label: the walk's default order.
+LAUNCH_SHARE = 0.5
+COMPUTE_SHARE = 0.3
+# A bottleneck's preferred values of a knob, tried before the priors' order: compute-bound, the fused
+# max-autotune kernels are the compile lever (a slower compile, which the cost model would otherwise defer).
+BOTTLENECK_VALUES: dict[str, dict[str, tuple[Any, ...]]] = {
+    COMPUTE_BOUND: {"compile": ("max-autotune-no-cudagraphs", "max-autotune")},
+}
 # Expected gain of a move to a value the priors rank below the incumbent's on a knob whose prior is a speed
 # order (bf16 to fp32, graphs on to off): such moves rarely win, and reusing the compiled shapes makes them
 # look cheap, so without this they go before the moves that can win (a larger batch, a faster mode).
@@ -154,11 +173,18 @@ DOWN_PRIOR_SHARE = 0.25
 # nor the host-side knobs (pinning and persistent workers trade host cores and memory, which can bind).
 SPEED_ORDERED = frozenset({"precision", "channels_last", "cuda_graphs", "cudnn_benchmark", "optimizer_impl",
                            "activation_checkpointing"})
+# Moves whose expected gain is at least this share of the best one left are near-ties: the cheaper goes first.
+NEAR_TIE = 0.75
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
 # Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
 # segments change nothing a trial could measure, and a study would pay a trial for each incumbent to learn so.
 MEMORY_ONLY = frozenset({("allocator", "expandable")})
+# Values that need less device memory than their alternatives, at some speed: recomputed activations, no
+# graph-private memory pool, no cuDNN autotuning workspace. After an out-of-memory at a larger batch than the
+# incumbent's, the incumbent is retried there with all of them at once (``_roomier``): the batch is often the
+# larger lever, and the walk can then take back the savers one by one.
+MEMORY_SAVERS = frozenset({("activation_checkpointing", True), ("cuda_graphs", False), ("cudnn_benchmark", False)})
 
 
 @dataclass(frozen=True)
@@ -302,19 +328,24 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         roomier = self._roomier(seen, anchor, best)
         if roomier is not None:
             gated.clear()
+        for candidate in self._restores(seen, prior, anchor, best):
+            if fresh(candidate):
+                return candidate
         whole = self._whole_batch(seen, anchor)
         if whole is not None and fresh(whole):
             return whole
         worse = self._clearly_worse(seen)
-        first, later = self._tiers(seen, best)
+        label = self._bottleneck_of(seen, best)
+        first, later = self._tiers(seen, best, label)
+        prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
         priced = [s.cost for s in seen if s.cost is not None]
         # Nothing timed yet (replay without seconds, or the reference's compile alone): gain alone.
         cost = CostModel.fit(priced) if any(c.seconds is not None for c in priced) else None
 
         def ranked(knobs: Sequence[str]) -> list[dict[str, Any]]:
-            return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred), anchor, knobs,
-                                seen, cost, best)
+            return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred, prefer), anchor,
+                                knobs, seen, cost, best, prefer)
 
         moves = itertools.chain(
             [roomier] if roomier else [],
@@ -363,28 +394,62 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _roomier(self, seen: list[_Seen], anchor: dict[str, Any], best: Optional[_Seen]) -> Optional[dict[str, Any]]:
         """Where memory binds (``MEMORY_ONLY``'s rule), the move that tries its values: the incumbent with them
-        at the smallest micro-batch above its own that ran out of memory ({} when only the diagnosis says
-        memory-capacity-bound: the values are then single-knob moves like any other); None elsewhere."""
+        and the ``MEMORY_SAVERS`` at the smallest micro-batch above its own that ran out of memory ({} when only
+        the diagnosis says memory-capacity-bound: the values are then single-knob moves like any other); None
+        elsewhere."""
         values = {k: v for k, v in MEMORY_ONLY if v in self._values.get(k, ())}
-        if not values:
+        savers = {k: v for k, v in MEMORY_SAVERS if v in self._values.get(k, ()) and anchor.get(k) != v}
+        if not values and not savers:
             return None
         batch = anchor.get("batch_size")
         larger = sorted(s.params["batch_size"] for s in seen if s.oom and isinstance(batch, int)
                         and s.params.get("batch_size", 0) > batch)
         if larger:
-            return {**anchor, **values, "batch_size": larger[0]}
+            return {**anchor, **values, **savers, "batch_size": larger[0]}
+        if not values:
+            return None
         memory_bound = best is not None and _bottleneck(best.diagnosis) == MEMORY_BOUND
         return {} if memory_bound else None
 
-    def _tiers(self, seen: list[_Seen], best: Optional[_Seen]) -> tuple[list[str], list[str]]:
-        """(knobs tried first, knobs that wait), from the incumbent's bottleneck."""
-        label = _bottleneck(best.diagnosis) if best is not None else None
+    def _bottleneck_of(self, seen: list[_Seen], best: Optional[_Seen]) -> Optional[str]:
+        """The incumbent's bottleneck: its stored diagnosis, else its input wait, else the shape of its step
+        time against the batch (``_batch_bound``); None when nothing says."""
+        if best is None:
+            return None
+        label = _bottleneck(best.diagnosis)
+        if label is None and best.data_wait is not None and best.data_wait >= INPUT_WAIT_HIGH:
+            label = INPUT_BOUND
+        if label is not None or (best.data_wait or 0.0) >= self._input_idle:
+            return label  # a step that waits for input at all: its time against the batch is the loader's too
+        return self._batch_bound(seen, best)
+
+    def _batch_bound(self, seen: list[_Seen], best: _Seen) -> Optional[str]:
+        """Launch- or compute-bound from the step time against the batch on the incumbent's line (every other
+        knob as the incumbent's): the fixed share of the incumbent's step in a least-squares line through
+        them, with step time = batch / throughput."""
+        if "batch_size" not in best.params or best.value is None:
+            return None
+        rest = self._rest_key(best.params, "batch_size")
+        points = [(float(s.params["batch_size"]), s.params["batch_size"] / s.value) for s in seen
+                  if s.value and s.feasible and "batch_size" in s.params and _is_number(s.params["batch_size"])
+                  and self._rest_key(s.params, "batch_size") == rest]
+        if len({b for b, _ in points}) < 2:
+            return None
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+        step = best.params["batch_size"] / best.value
+        fixed = (mean_t - slope * mean_b) / step
+        if fixed >= LAUNCH_SHARE:
+            return LAUNCH_BOUND
+        # Near zero either way (noise); far below zero, time per sample grows with the batch: not compute.
+        return COMPUTE_BOUND if abs(fixed) <= COMPUTE_SHARE else None
+
+    def _tiers(self, seen: list[_Seen], best: Optional[_Seen], label: Optional[str]) -> tuple[list[str], list[str]]:
+        """(knobs tried first, knobs that wait), from the incumbent's bottleneck ``label``."""
         waits: frozenset[str] = frozenset()
-        if label is None and best is not None and best.data_wait is not None:
-            if best.data_wait >= INPUT_WAIT_HIGH:
-                label = INPUT_BOUND
-            elif best.data_wait < self._input_idle:
-                waits = INPUT_KNOBS  # a step that does not wait for input cannot be sped up by the loader
+        if label is None and best is not None and best.data_wait is not None and best.data_wait < self._input_idle:
+            waits = INPUT_KNOBS  # a step that does not wait for input cannot be sped up by the loader
         if label is not None:
             waits = BOTTLENECK_WAITS[label]
         if any(s.activations_4d is False for s in seen):
@@ -394,8 +459,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return first, [k for k in self._order if k not in first]
 
     def _ranked(self, candidates: Iterator[dict[str, Any]], anchor: dict[str, Any], knobs: Sequence[str],
-                seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen]) -> list[dict[str, Any]]:
-        """Single-knob moves by expected gain per predicted second, the walk's order breaking ties.
+                seen: list[_Seen], cost: Optional[CostModel], best: Optional[_Seen],
+                prefer: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+        """Single-knob moves by expected gain; among near-ties (``NEAR_TIE``) by gain per predicted second.
 
         The expected gain is a prior: 1 / (1 + the knob's rank in ``knobs``), halved for each value of the
         knob nearer the incumbent, and quartered where measured pairs show the knob barely matters, or show
@@ -416,13 +482,14 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             name = next((k for k in knobs if candidate[k] != anchor[k]), None)
             if name is None:
                 continue
-            order = self._value_order(name, anchor[name])
+            order = self._value_order(name, anchor[name], prefer=prefer.get(name, ()))
             gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
             gain *= self._value_gains.get((name, candidate[name]), 1.0)
             # The priors among this space's values: a value the space lacks (fp8) does not move the others' ranks.
             prior = [v for v in self._priors.get(name, ()) if v in self._values[name]]
-            # Of more than two values, the one right after the incumbent's is its peer (fp16 beside bf16).
-            peer = 1 if len(self._values[name]) > 2 else 0
+            # Of more than two values, the one right after the top one is its peer (fp16 beside bf16); lower
+            # down there is none (from fp16, tf32 is a step down).
+            peer = 1 if len(self._values[name]) > 2 and prior[:1] == [anchor[name]] else 0
             if name in SPEED_ORDERED and name not in levers and anchor[name] in prior and candidate[name] in prior and (
                     prior.index(candidate[name]) > prior.index(anchor[name]) + peer):
                 gain *= DOWN_PRIOR_SHARE  # a slower value than the incumbent's by the priors: a check, not a lever
@@ -431,8 +498,16 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if (name, self._key([candidate[name]]), self._key([anchor[name]])) in slower:
                 gain *= 0.25  # a pair elsewhere measured this value slower than the incumbent's
             seconds = max(1e-3, cost.predict({**extra, **candidate}, rate)) if cost is not None else 1.0
-            scored.append((-gain / seconds, i, candidate))
-        return [c for _, _, c in sorted(scored, key=lambda t: (t[0], t[1]))]
+            scored.append((gain, seconds, i, candidate))
+        # By gain; the predicted seconds count only among moves within NEAR_TIE of the best gain left (there by
+        # gain per second): a costly move that can win must not wait behind several cheap ones that rarely do.
+        scored.sort(key=lambda t: (-t[0], t[2]))
+        out: list[dict[str, Any]] = []
+        while scored:
+            tier = [t for t in scored if t[0] >= NEAR_TIE * scored[0][0]]
+            scored = scored[len(tier):]
+            out += [c for _, _, _, c in sorted(tier, key=lambda t: (-t[0] / t[1], t[2]))]
+        return out
 
     def _lines(self, seen: list[_Seen], name: str) -> list[list[_Seen]]:
         """The measured trials in groups that differ only in knob ``name`` (lines along that knob)."""
@@ -495,6 +570,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         start = next((s for s in seen if self._key(s.params) == self._key(asked)), None)
         if start is None or not start.failed or any(s.value is not None and not s.reference for s in seen):
             return []
+        return self._halves(seen, prior)
+
+    def _halves(self, seen: list[_Seen], prior: dict[str, Any]) -> list[dict[str, Any]]:
+        """The prior with the later half, the earlier half, then all of the knobs where it differs from the
+        reference run reverted to the reference's values."""
+        asked = self._asked(prior)
         reference = next((s.params for s in seen if s.reference and s.value is not None), {})
         safe = {k: reference.get(k, (self._value_order(k, prior[k]) or [prior[k]])[0]) for k in asked}
         differ = [k for k in self._order if k in asked and safe[k] != prior[k]]
@@ -503,6 +584,21 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         cut = len(differ) // 2
         halves = [differ[cut:], differ[:cut], differ]
         return [{**prior, **{k: safe[k] for k in half}} for half in halves if half]
+
+    def _restores(self, seen: list[_Seen], prior: dict[str, Any], anchor: dict[str, Any],
+                  best: Optional[_Seen]) -> list[dict[str, Any]]:
+        """After the prior point failed (not out of memory) and a repair of it ran: the incumbent with each
+        reverted knob back at the prior's value, one at a time, in the walk's order, until each has run once.
+        A repair reverts half the knobs at once; the fault is usually one value, and the others were the
+        priors' best."""
+        asked = self._asked(prior)
+        start = next((s for s in seen if self._key(s.params) == self._key(asked)), None)
+        if start is None or not start.failed or best is None or best.reference:
+            return []
+        # A knob is back once any trial but the reference has run with its prior value.
+        back = {k for s in seen if s.value is not None and not s.reference for k in asked
+                if s.params.get(k) == prior[k]}
+        return [{**anchor, k: prior[k]} for k in self._order if k in asked and k not in back]
 
     def _anchor(self, seen: list[_Seen], prior: dict[str, Any],
                 dropped: set[tuple[str, Any]]) -> tuple[dict[str, Any], bool, Optional[_Seen]]:
@@ -521,10 +617,11 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         return {**prior, **best.params}, False, best
 
     def _neighbours(self, anchor: dict[str, Any], failed: bool, worse: set[tuple[str, Any, Any]],
-                    knobs: Sequence[str], deferred: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+                    knobs: Sequence[str], deferred: list[tuple[str, Any]],
+                    prefer: Mapping[str, Sequence[Any]]) -> Iterator[dict[str, Any]]:
         for name in knobs:
             current = anchor[name]
-            for value in self._value_order(name, current, downward=failed):
+            for value in self._value_order(name, current, downward=failed, prefer=prefer.get(name, ())):
                 if (name, value, current) not in worse and (name, value) not in deferred:
                     yield {**anchor, name: value}
 
@@ -560,11 +657,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                     out.append((name, value))
         return out
 
-    def _value_order(self, name: str, current: Any, *, downward: bool = False) -> list[Any]:
-        """The other values of a knob: priors first; numbers nearest first (up before down, or down first
-        when moving away from a config that failed, e.g. a smaller batch after an out-of-memory)."""
+    def _value_order(self, name: str, current: Any, *, downward: bool = False,
+                     prefer: Sequence[Any] = ()) -> list[Any]:
+        """The other values of a knob: ``prefer`` (the bottleneck's values, ``BOTTLENECK_VALUES``), then the
+        priors; numbers nearest first (up before down, or down first when moving away from a config that
+        failed, e.g. a smaller batch after an out-of-memory)."""
         values = [v for v in self._values[name] if v != current]
-        preferred = [v for v in self._priors.get(name, ()) if v in values]
+        preferred = list(dict.fromkeys(v for v in (*prefer, *self._priors.get(name, ())) if v in values))
         if preferred:
             return preferred + [v for v in values if v not in preferred]
         if not (_is_number(current) and all(_is_number(v) for v in values)):

@@ -387,11 +387,14 @@ def config_key(params: Params) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def generate(name: str, seed: int = 0, profile: Optional[Profile] = None) -> list[dict[str, Any]]:
+def generate(name: str, seed: int = 0, profile: Optional[Profile] = None, *,
+             row_noise: bool = True) -> list[dict[str, Any]]:
     """The lines of table ``name``: every config of its grid, in grid order.
 
     Args:
         profile: The model to generate from (default: ``TABLES[name]``; the generated family passes its own).
+        row_noise: Bake the profile's measurement noise into each row's throughput; False records the model's
+            own throughput (a diagnostic: every other draw, failures and accuracy included, is the same).
     """
     profile = profile or TABLES[name]
     grid = profile.grid
@@ -408,7 +411,8 @@ def generate(name: str, seed: int = 0, profile: Optional[Profile] = None) -> lis
             line["status"] = "error"
         if out.status == "ok":
             assert out.throughput is not None and out.peak_memory_gib is not None
-            line["throughput"] = round(out.throughput * math.exp(rng.gauss(0.0, profile.noise)), 1)
+            factor = math.exp(rng.gauss(0.0, profile.noise))  # drawn either way: the later draws stay the same
+            line["throughput"] = round(out.throughput * (factor if row_noise else 1.0), 1)
             line["peak_memory_gib"] = round(out.peak_memory_gib * (1.0 + rng.gauss(0.0, 0.005)), 3)
             if profile.accuracy:
                 # Accuracy noise is the seed's, shared by configs that train the same arithmetic.
