@@ -20,9 +20,9 @@ random until a model forms, the sampler:
    not wait for input) the shape of its step time against the batch on its line: a fixed cost of at least
    ``LAUNCH_SHARE`` of the step is launch-bound, near-constant time per sample (``COMPUTE_SHARE``)
    compute-bound; a bottleneck can also put a knob's values first (``BOTTLENECK_VALUES``: compute-bound,
-   the max-autotune compile modes). Knobs that cannot help
-   it wait: the input-pipeline knobs while the step does not wait for input, the compute knobs while it
-   does, channels_last where the model has no 4-D activations;
+   the max-autotune compile modes). Knobs that cannot help it wait: the input-pipeline knobs while the
+   step does not wait for input, the compute knobs while it does, channels_last where the model has no
+   4-D activations;
    within a tier, moves are ranked by expected gain; the predicted seconds (``_cost``) only order moves
    of near-equal gain (``NEAR_TIE``), so a costly move that can win (a max-autotune compile) does not wait
    behind several cheap ones that rarely do; a value whose gain the model predicts (``value_gains``: fp8
@@ -35,8 +35,9 @@ random until a model forms, the sampler:
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
    costs at most two trials; once a repair runs, the reverted knobs go back to the prior's values one at
-   a time, first among the moves (``_restores``), until each has run once; a value that failed twice and never ran is not proposed again by the walk,
-   nor one that a trial said cannot run this workload (``refused_value``: ``loader=device`` refused its data);
+   a time, first among the moves (``_restores``), until each has run once; a value that failed twice and
+   never ran is not proposed again by the walk, nor one that a trial said cannot run this workload
+   (``refused_value``: ``loader=device`` refused its data);
 9. proposes the allocator's expandable segments (``MEMORY_ONLY``) only where memory binds: a micro-batch
    larger than the incumbent's ran out of memory (then first, at the smallest such batch), or the
    incumbent's diagnosis says memory-capacity-bound; that first retry of the larger batch also takes the
