@@ -678,7 +678,11 @@ def _simulate(args: argparse.Namespace) -> int:
         minutes = [f"{m:.1f}" if m is not None else "-" for m in (s.minutes_to_95_median, s.minutes_to_95_worst)]
         out.add_row(s.strategy, f"{s.trials_to_95_median:g}", str(s.trials_to_95_worst), *minutes,
                     f"{s.best_fraction_median:.3f}")
-    make_console().print(out)
+    console = make_console()
+    console.print(out)
+    error = table.prediction_error()
+    if error is not None:
+        console.print(error.describe().capitalize())
     return 0
 
 

@@ -110,6 +110,35 @@ def test_simulate_json_output(table):
         assert 1 <= result["trials_to_95_median"] <= result["trials_to_95_worst"] <= 9
         assert 0 < result["best_fraction_median"] <= 1
     assert doc["best"]["throughput"] == 374.0 and doc["noise"] == 0.02
+    assert doc["probe_prediction"] is None  # the table records no probe rates
+
+
+def test_simulate_shows_the_probe_prediction_error_where_rows_record_both_rates(tmp_path):
+    # Measured = min(loader, step) x 0.8 on two rows, x 0.6 on the third: the loader and the step share a process.
+    rows = [({"num_workers": 2}, 80.0, 100.0, 400.0), ({"num_workers": 4}, 160.0, 200.0, 400.0),
+            ({"num_workers": 8}, 240.0, 600.0, 400.0)]
+    path = tmp_path / "probed.jsonl"
+    path.write_text("".join(json.dumps({"params": params, "status": "ok", "throughput": rate, "loader_rate": loader,
+                                        "step_rate": step}) + "\n" for params, rate, loader, step in rows))
+    error = ReplayTable.load(path).prediction_error()
+    assert error is not None and error.rows == 3
+    assert error.median == pytest.approx(-0.2) and error.low == pytest.approx(-0.4) and error.correction == pytest.approx(0.8)
+    assert error.corrected_median_abs == pytest.approx(0.0)
+    proc = subprocess.run([sys.executable, "-m", "autotune", "simulate", str(path), "--trials", "3", "--seeds", "1",
+                           "--strategies", "guided"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Probe prediction min(loader, step) over 3 configs" in proc.stdout and "-20.0%" in proc.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"params": {"a": 1}, "status": "ok", "throughput": 1.0, "loader_rate": -1}) + "\n")
+    with pytest.raises(TableError, match="loader_rate must be a number >= 0"):
+        ReplayTable.load(bad)
+
+
+def test_the_synthetic_input_bound_table_records_what_the_probes_would_measure():
+    table = ReplayTable.load(ROOT / "benchmarks" / "tables" / "synthetic_input_bound.jsonl")
+    error = table.prediction_error()
+    # The analytic model's full rate is a smooth min of the two, below both by its contention and host copy.
+    assert error is not None and error.rows > 1000 and abs(error.median) < 0.05
 
 
 def test_simulate_rejects_bad_input_in_one_line(table, tmp_path):

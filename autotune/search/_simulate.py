@@ -39,6 +39,7 @@ from optuna.distributions import CategoricalDistribution
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
+from autotune.search._predict import PredictionError, predict, prediction_error_summary
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
@@ -80,6 +81,8 @@ class TableRow:
     trial_seconds: Optional[float] = None  # a trial of this config, its first compile at these shapes included
     compile_seconds: Optional[float] = None  # of which the fresh compile
     data_wait_fraction: Optional[float] = None  # share of the timed windows spent waiting for input
+    loader_rate: Optional[float] = None  # a loader probe's samples/s for this config, when recorded
+    step_rate: Optional[float] = None  # a step probe's samples/s, when recorded
 
 
 def _key(params: Mapping[str, Any]) -> str:
@@ -170,6 +173,12 @@ class ReplayTable:
         """Whether any row records ``trial_seconds`` (else minutes are not reported)."""
         return any(r.trial_seconds is not None for r in self._rows.values())
 
+    def prediction_error(self) -> Optional[PredictionError]:
+        """How far each measured row falls from the probes' prediction, over the rows that record both rates."""
+        return prediction_error_summary([(r.throughput, predict(r.loader_rate, r.step_rate) or 0.0)
+                                         for r in self._rows.values()
+                                         if r.status == "ok" and r.throughput and r.loader_rate and r.step_rate])
+
     def fallback_seconds(self) -> float:
         """What a trial without recorded seconds costs: the median row's seconds without its compile."""
         bases = [r.trial_seconds - (r.compile_seconds or 0.0) for r in self._rows.values() if r.trial_seconds]
@@ -191,7 +200,7 @@ def _parse_row(data: Any) -> TableRow:
     elif throughput is not None:
         raise ValueError(f"throughput must be null when the status is {status!r}")
     seconds = {}
-    for name in ("trial_seconds", "compile_seconds", "data_wait_fraction"):
+    for name in ("trial_seconds", "compile_seconds", "data_wait_fraction", "loader_rate", "step_rate"):
         value = data.get(name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be a number >= 0")
@@ -461,12 +470,14 @@ def simulate(
 def summaries_document(table: ReplayTable, summaries: Sequence[StrategySummary], **settings: Any) -> dict[str, Any]:
     """The JSON that ``autotune simulate --json`` prints."""
     best = table.best(settings.get("max_accuracy_loss", math.inf))
+    error = table.prediction_error()
     return {
         "table": table.name,
         "rows": len(table),
         "space_size": table.size,
         "best": {"params": best.params, "throughput": best.throughput},
         "seconds": "recorded" if table.has_seconds else "none: the table records no trial_seconds, so minutes are null",
+        "probe_prediction": error.to_dict() if error else None,
         **settings,
         "results": [s.to_dict() for s in summaries],
     }

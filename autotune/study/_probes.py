@@ -20,12 +20,12 @@ full trials, and a probe's loss trajectory feeds no verdict.
 from __future__ import annotations
 
 import json
-import statistics
 from typing import Any, Optional
 
 import optuna
 
 from autotune._config import TrialConfig
+from autotune.search._predict import correction_of, predict
 from autotune.search._space import SearchSpace
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._progress import _Progress
@@ -71,15 +71,9 @@ def _within_space(space: SearchSpace, config: TrialConfig) -> TrialConfig:
 
 def correction(study: optuna.Study) -> float:
     """Median measured / predicted over the full trials that had a prediction (1.0 before any)."""
-    ratios = [t.user_attrs["throughput"] / t.user_attrs[PREDICTED] for t in study.get_trials(deepcopy=False)
-              if t.user_attrs.get(PREDICTED) and t.user_attrs.get("status") == "ok" and t.user_attrs.get("throughput")]
-    return statistics.median(ratios) if ratios else 1.0
-
-
-def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:
-    """A full trial's samples/s from its loader's and its step's, measured apart."""
-    rates = [r for r in (loader_rate, step_rate) if r]
-    return min(rates) * factor if rates else None
+    return correction_of([(t.user_attrs["throughput"], t.user_attrs[PREDICTED]) for t in study.get_trials(deepcopy=False)
+                          if t.user_attrs.get(PREDICTED) and t.user_attrs.get("status") == "ok"
+                          and t.user_attrs.get("throughput")])
 
 
 def _key(config: TrialConfig) -> str:

@@ -266,6 +266,10 @@ class Outcome:
     bound: Optional[str] = None  # "compute" or "input"
     error: Optional[str] = None
     data_wait_fraction: Optional[float] = None  # tables with a loader
+    # What the probes would measure apart (tables with a loader): the loader iterated alone, and the step
+    # replaying batches already on the device, with no workers beside it and no host copy.
+    loader_rate: Optional[float] = None
+    step_rate: Optional[float] = None
 
 
 def peak_memory(profile: Profile, c: Params) -> float:
@@ -315,6 +319,7 @@ def model(profile: Profile, c: Params) -> Outcome:
         return Outcome("oom", error="OutOfMemoryError: CUDA out of memory")
     gpu, cpu = step_times(profile, c)
     batch, loader = c["batch_size"], profile.loader
+    alone = _step_rate(profile, c, gpu, cpu, peak)  # the step probe's rate: nothing else on the host
     workers = c["num_workers"]
     input_rate = math.inf
     if loader is not None:
@@ -346,12 +351,22 @@ def model(profile: Profile, c: Params) -> Outcome:
         decode = batch * loader.decode_ms
         compute_ms = batch * 1000.0 / compute_rate
         rate = batch * 1000.0 / (compute_ms + decode)
-        return Outcome("ok", rate, peak, "input" if decode > step else "compute", None, decode / (compute_ms + decode))
+        return Outcome("ok", rate, peak, "input" if decode > step else "compute", None, decode / (compute_ms + decode),
+                       loader_rate=1000.0 / loader.decode_ms, step_rate=alone)
     if math.isinf(input_rate):
         return Outcome("ok", compute_rate, peak, "compute")
     rate = (compute_rate**-SMOOTH_MIN_POWER + input_rate**-SMOOTH_MIN_POWER) ** (-1.0 / SMOOTH_MIN_POWER)
     return Outcome("ok", rate, peak, "input" if input_rate < compute_rate else "compute", None,
-                   max(0.0, 1.0 - rate / compute_rate))
+                   max(0.0, 1.0 - rate / compute_rate), loader_rate=input_rate, step_rate=alone)
+
+
+def _step_rate(profile: Profile, c: Params, gpu: float, cpu: float, peak: float) -> float:
+    """Samples/s of the step alone (``step_times`` before the loader's contention and host copy)."""
+    step = max(gpu, cpu) + OVERLAP_LOSS * min(gpu, cpu)
+    if c["precision"] == "fp16" and not c["cuda_graphs"]:
+        step += profile.scaler_sync_ms + 0.4 * min(gpu, cpu)
+    rate = c["batch_size"] * 1000.0 / step
+    return rate * PRESSURE_SLOWDOWN if peak > PRESSURE_EDGE * profile.capacity_gib else rate
 
 
 def trial_cost(profile: Profile, c: Params, status: str, rate: Optional[float]) -> tuple[float, float]:
@@ -422,6 +437,9 @@ def generate(name: str, seed: int = 0, profile: Optional[Profile] = None, *,
             if profile.loader is not None:
                 line["bound"] = out.bound
                 line["data_wait_fraction"] = round(out.data_wait_fraction or 0.0, 3)
+                # The model's own rates, no noise drawn (the later draws stay the same).
+                line["loader_rate"] = round(out.loader_rate, 1) if out.loader_rate else None
+                line["step_rate"] = round(out.step_rate, 1) if out.step_rate else None
         else:
             line["error"] = out.error
         seconds, compile_s = trial_cost(profile, c, line["status"], line["throughput"])

@@ -1,0 +1,71 @@
+"""A full trial's throughput predicted from its loader and its step, measured apart.
+
+The model is tf.data's and DS-Analyzer's: a training loop runs no faster than its input pipeline nor than
+its device step, so the prediction is ``min(loader rate, step rate)``, times a correction the study learns
+from full trials (the median of measured / predicted): on an H200 the DataLoader configs ran 26-36% below
+their prediction, since loading and stepping share one process (benchmarks/results/decomposed-h200.md).
+The loader probes (``autotune.study._probes``) and ``autotune simulate`` share it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+__all__ = ["PredictionError", "correction_of", "predict", "prediction_error_summary"]
+
+
+def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:
+    """A full trial's samples/s from its loader's and its step's, measured apart."""
+    rates = [r for r in (loader_rate, step_rate) if r]
+    return min(rates) * factor if rates else None
+
+
+def correction_of(pairs: Sequence[tuple[float, float]]) -> float:
+    """The median measured / predicted over ``(measured, predicted)`` pairs (1.0 with none)."""
+    ratios = [measured / predicted for measured, predicted in pairs if measured and predicted]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+@dataclass(frozen=True)
+class PredictionError:
+    """How far full trials fell from ``predict``: measured / predicted - 1 over ``rows`` configs.
+
+    ``median``, ``low`` and ``high`` are of the raw prediction (the 10th and 90th percentiles for the range);
+    ``corrected_median_abs`` is the median absolute error once the median ratio is applied, as a study
+    applies its learned correction.
+    """
+
+    rows: int
+    median: float
+    low: float
+    high: float
+    correction: float
+    corrected_median_abs: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"rows": self.rows, "median": round(self.median, 4), "p10": round(self.low, 4),
+                "p90": round(self.high, 4), "correction": round(self.correction, 4),
+                "corrected_median_abs": round(self.corrected_median_abs, 4)}
+
+    def describe(self) -> str:
+        return (f"probe prediction min(loader, step) over {self.rows} configs: measured / predicted - 1 "
+                f"median {self.median:+.1%} (10th-90th percentile {self.low:+.1%} to {self.high:+.1%}); "
+                f"with the learned correction x{self.correction:.2f}, median |error| {self.corrected_median_abs:.1%}")
+
+
+def prediction_error_summary(pairs: Sequence[tuple[float, float]]) -> Optional[PredictionError]:
+    """Summarise ``(measured, predicted)`` pairs; None without any."""
+    usable = [(m, p) for m, p in pairs if m and p]
+    if not usable:
+        return None
+    errors = sorted(m / p - 1.0 for m, p in usable)
+    factor = correction_of(usable)
+    corrected = [abs(m / (p * factor) - 1.0) for m, p in usable]
+
+    def quantile(q: float) -> float:
+        return errors[min(len(errors) - 1, int(q * len(errors)))]
+
+    return PredictionError(rows=len(usable), median=statistics.median(errors), low=quantile(0.1),
+                           high=quantile(0.9), correction=factor, corrected_median_abs=statistics.median(corrected))
