@@ -79,7 +79,6 @@ class TrialConfig:
     batch_size: int = 64
     channels_last: bool = False
     compile: str = "off"
-    compile_scope: str = "model"  # what ctx.model compiles (see COMPILE_SCOPES); no effect under compile=off
     cuda_graphs: bool = False
     cudnn_benchmark: bool = False
     num_workers: int = 0
@@ -105,6 +104,8 @@ class TrialConfig:
     mps: bool = False  # the copies run as clients of the CUDA MPS daemon (else time-sliced)
     allocator: str = "default"  # the CUDA caching allocator's segments (see ALLOCATORS)
     device_data_share: float = DEVICE_DATA_SHARE  # loader=device: the memory share the dataset may fill
+    # New fields go last: the order is public (positional construction, tests/test_public_api.py).
+    compile_scope: str = "model"  # what ctx.model compiles (see COMPILE_SCOPES); no effect under compile=off
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:

@@ -42,7 +42,7 @@ CONFIG_FIELDS = [
     "pin_memory", "prefetch_factor", "persistent_workers", "memory_fraction", "cpu_threads", "loader",
     "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "bucket_cap_mb",
     "gradient_as_bucket_view", "static_graph", "grad_compression", "batch_policy", "global_batch",
-    "processes_per_trial", "processes_per_gpu", "mps", "allocator", "device_data_share",
+    "processes_per_trial", "processes_per_gpu", "mps", "allocator", "device_data_share", "compile_scope",
 ]
 # What a train_fn calls on its TrialContext.
 CONTEXT_HELPERS = {
@@ -57,7 +57,7 @@ BEST_CONFIG_KEYS = {
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
-    "float8", "allocator",
+    "float8", "allocator", "compile",
 }
 
 
