@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="multiply each looked-up throughput by a random factor within +-this (e.g. 0.02)")
     sim.add_argument("--top-k", type=int, default=3, help="top-K re-measurement before the final pick (default 3)")
     sim.add_argument("--max-accuracy-loss", type=_bound, default=0.01)
+    sim.add_argument("--probes", action="store_true",
+                     help="probe the loader and the step apart when the incumbent waits on its input, as a study "
+                          "does (tables that record loader_rate and step_rate)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
@@ -656,9 +659,9 @@ def _simulate(args: argparse.Namespace) -> int:
     table = ReplayTable.load(args.table)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     summaries = simulate(table, strategies=strategies, trials=args.trials, seeds=args.seeds, noise=args.noise,
-                         top_k=args.top_k, max_accuracy_loss=args.max_accuracy_loss)
+                         top_k=args.top_k, max_accuracy_loss=args.max_accuracy_loss, probes=args.probes)
     settings = {"trials": args.trials, "seeds": args.seeds, "noise": args.noise, "top_k": args.top_k,
-                "max_accuracy_loss": args.max_accuracy_loss}
+                "max_accuracy_loss": args.max_accuracy_loss, "probes": args.probes}
     if args.json:
         print(json.dumps(summaries_document(table, summaries, **settings)))
         return 0
@@ -668,7 +671,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
     best = table.best(args.max_accuracy_loss)
     out = Table(title=f"{table.name}: {len(table)} rows of {table.size} configs; best {best.throughput:,.1f}/s",
-                caption=f"{args.trials} trials, {args.seeds} seeds, noise +-{args.noise:g}; "
+                caption=f"{args.trials} trials, {args.seeds} seeds, noise +-{args.noise:g}"
+                        + ("; loader probes as a study runs them" if args.probes else "") + "; "
                         f"a run that never reaches 95% counts as {args.trials + 1}"
                         + ("" if table.has_seconds else "; the table records no trial_seconds: no minutes"))
     for column in ("strategy", "trials to 95% (median)", "(worst)", "minutes to 95% (median)", "(worst)",

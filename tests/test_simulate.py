@@ -13,7 +13,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import TableError, Tuner
-from autotune.search._simulate import ReplayTable, config_key, replay, replay_env, simulate
+from autotune.search._predict import LOADER_KNOBS, WORTH, predict
+from autotune.search._simulate import ReplayProbes, ReplayTable, config_key, replay, replay_env, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = "autotune.search._simulate:replay_train"
@@ -139,6 +140,25 @@ def test_the_synthetic_input_bound_table_records_what_the_probes_would_measure()
     error = table.prediction_error()
     # The analytic model's full rate is a smooth min of the two, below both by its contention and host copy.
     assert error is not None and error.rows > 1000 and abs(error.median) < 0.05
+
+
+def test_replayed_probes_choose_the_next_trial_and_charge_their_seconds(table):
+    inputs = ReplayTable.load(ROOT / "benchmarks" / "tables" / "synthetic_input_bound.jsonl")
+    assert ReplayProbes.usable(inputs) and not ReplayProbes.usable(ReplayTable.load(table))
+    probed = replay(inputs, "guided", trials=6, seed=0, probes=True)
+    walked = replay(inputs, "guided", trials=6, seed=0)
+    first, second = probed.measured[0], probed.measured[1]
+    assert first == walked.measured[0] and inputs.lookup(first).data_wait_fraction >= 0.5  # the prior point waits
+    # The next full trial is the loader variant min(loader, step) rates fastest, by at least WORTH.
+    step = inputs.lookup(first).step_rate
+    variants = [{**first, k: v} for k in LOADER_KNOBS if k in inputs.names for v in inputs.values[k] if v != first[k]]
+    rated = {json.dumps(v, sort_keys=True): predict(inputs.lookup(v).loader_rate, step) for v in variants[:12]}
+    assert [k for k in first if first[k] != second[k]] == ["num_workers"]
+    assert rated[json.dumps(second, sort_keys=True)] == max(rated.values()) >= WORTH * inputs.lookup(first).throughput
+    assert second != walked.measured[1]  # the walk alone moves the workers one step at a time
+    # Probes are not trials, but their seconds count: twelve processes before the second trial.
+    assert probed.trials == walked.trials == 6
+    assert probed.seconds[1] > walked.seconds[1] + 12 * 10
 
 
 def test_simulate_rejects_bad_input_in_one_line(table, tmp_path):

@@ -11,15 +11,36 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, TypeVar
 
-__all__ = ["PredictionError", "correction_of", "predict", "prediction_error_summary"]
+T = TypeVar("T")
+
+__all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "WORTH", "best_predicted",
+           "correction_of", "predict", "prediction_error_summary"]
+
+# When the loop probes, shared with the replay so that ``simulate`` measures what a study does.
+INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
+WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
+MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
+LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:
     """A full trial's samples/s from its loader's and its step's, measured apart."""
     rates = [r for r in (loader_rate, step_rate) if r]
     return min(rates) * factor if rates else None
+
+
+def best_predicted(candidates: Sequence[tuple[Optional[float], T]], step_rate: Optional[float], factor: float,
+                   incumbent_rate: float) -> Optional[tuple[float, T]]:
+    """Of ``(loader rate, variant)`` pairs, the variant ``predict`` rates fastest and its prediction, when that
+    beats the incumbent by ``WORTH``; else None."""
+    best: Optional[tuple[float, T]] = None
+    for loader_rate, variant in candidates:
+        predicted = predict(loader_rate, step_rate, factor)
+        if predicted is not None and (best is None or predicted > best[0]):
+            best = (predicted, variant)
+    return best if best is not None and best[0] >= WORTH * incumbent_rate else None
 
 
 def correction_of(pairs: Sequence[tuple[float, float]]) -> float:

@@ -39,7 +39,8 @@ from optuna.distributions import CategoricalDistribution
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
-from autotune.search._predict import PredictionError, predict, prediction_error_summary
+from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, PredictionError, best_predicted,
+                                       correction_of, predict, prediction_error_summary)
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
@@ -295,6 +296,63 @@ class TrialClock:
         return row.trial_seconds, compile_s
 
 
+class ReplayProbes:
+    """The loop's loader probes (``autotune.study._probes``) against a table whose rows record the rates the
+    probes would measure (``loader_rate``, ``step_rate``): when the incumbent waits on its input at least
+    ``INPUT_BOUND`` of its windows, its step and each loader variant are probed (with the replay's noise), and
+    the variant ``best_predicted`` names is the next full trial. Probes are not trials; their seconds count.
+
+    A loader probe costs its row's trial seconds without the compile (process start, build, workers and the
+    same samples; it runs no step, so this overstates it where the step is the faster side); a step probe the
+    incumbent's row with its compile cached (its graph already ran in this study).
+    """
+
+    def __init__(self, table: ReplayTable, lookup: "NoisyLookup", seed: int) -> None:
+        self.table, self.lookup, self._rng = table, lookup, random.Random(seed)
+        self.knobs = [k for k in LOADER_KNOBS if k in table.names]
+        self._done: dict[str, Optional[float]] = {}
+        self.pairs: list[tuple[float, float]] = []  # (measured, predicted) of the full trials probes chose
+
+    @classmethod
+    def usable(cls, table: ReplayTable) -> bool:
+        return any(k in table.names for k in LOADER_KNOBS) and any(
+            r.loader_rate and r.step_rate for r in table._rows.values())
+
+    def _rate(self, kind: str, params: Mapping[str, Any]) -> tuple[Optional[float], float]:
+        """(rate, seconds) of one probe; a probe already run costs nothing and returns its rate."""
+        key = kind + ":" + _key(params)
+        row = self.table.lookup(params)
+        if key in self._done:
+            return self._done[key], 0.0
+        rate = row.loader_rate if kind == "loader" else row.step_rate
+        noise = self.lookup.noise
+        rate = rate * self._rng.uniform(1 - noise, 1 + noise) if rate and row.status == "ok" else None
+        self._done[key] = rate
+        base = (row.trial_seconds or 0.0) - (row.compile_seconds or 0.0)
+        cached = (row.compile_seconds or 0.0) * CACHED_COMPILE_SHARE if kind == "step" else 0.0
+        return rate, base + cached
+
+    def choose(self, incumbent: Mapping[str, Any], observed: float,
+               measured: set[str]) -> tuple[Optional[tuple[float, dict[str, Any]]], float]:
+        """((predicted, config) to run next or None, probe seconds) for an input-bound incumbent."""
+        variants: list[dict[str, Any]] = []
+        for knob in self.knobs:
+            for value in self.table.values[knob]:
+                variant = {**incumbent, knob: value}
+                if value != incumbent[knob] and variant not in variants:
+                    variants.append(variant)
+        variants = [v for v in variants[:MAX_LOADER_PROBES] if _key(v) not in measured]
+        if not variants:
+            return None, 0.0
+        step_rate, seconds = self._rate("step", incumbent)
+        candidates = []
+        for variant in variants:
+            rate, cost = self._rate("loader", variant)
+            candidates.append((rate, variant))
+            seconds += cost
+        return best_predicted(candidates, step_rate, correction_of(self.pairs), observed), seconds
+
+
 def replay(
     table: ReplayTable,
     strategy: str,
@@ -307,12 +365,15 @@ def replay(
     max_accuracy_loss: float = 0.01,
     memory_rule: bool = True,
     sampler: Optional[optuna.samplers.BaseSampler] = None,
+    probes: bool = False,
 ) -> ReplayRun:
     """Run one strategy for ``trials`` trials against the table, as an in-memory Optuna study.
 
     Args:
         memory_rule: Answer proposals the out-of-memory rule rules out as PRUNED without a lookup, and
             without spending a trial (as the tuner does). Applies to every strategy alike.
+        probes: Probe the loader and the step apart when the incumbent waits on its input, as the loop does
+            (``ReplayProbes``; where the table records the probes' rates). Applies to every strategy alike.
     """
     lookup = NoisyLookup(table, noise=noise, seed=seed + 7919)
     with warnings.catch_warnings():
@@ -324,9 +385,21 @@ def replay(
     fractions: list[float] = []
     measured: list[dict[str, Any]] = []
     clock, costs = TrialClock(table), []
+    prober = ReplayProbes(table, lookup, seed + 104_729) if probes and ReplayProbes.usable(table) else None
+    incumbent: Optional[tuple[float, dict[str, Any]]] = None  # (observed, params) of the best feasible trial
+    predicted: Optional[float] = None  # of the trial the probes enqueued
+    probe_seconds = 0.0  # charged to the next trial
     reached, pruned, asked = trials + 1, 0, 0
     while len(fractions) < trials and asked < trials * 50:
         asked += 1
+        if prober is not None and predicted is None and incumbent is not None:
+            row = table.lookup(incumbent[1])
+            if (row.data_wait_fraction or 0.0) >= INPUT_BOUND:
+                choice, spent = prober.choose(incumbent[1], incumbent[0], {_key(p) for p in measured})
+                probe_seconds += spent
+                if choice is not None:
+                    predicted = choice[0]
+                    study.enqueue_trial(asked_params(choice[1]))
         trial = study.ask()
         params = _ask(trial, table)
         reason = infeasible_reason(params, ooms) if memory_rule else None
@@ -335,12 +408,18 @@ def replay(
             trial.set_user_attr("pruned_reason", reason)
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             pruned += 1
+            predicted = None
             continue
         row, observed = lookup.measure(params)
         measured.append(params)
         feasible = observed is not None and table.feasible(row, max_accuracy_loss)
         seconds, compile_s = clock.charge(params, row)
-        costs.append(seconds)
+        costs.append(seconds + probe_seconds)
+        probe_seconds = 0.0
+        if predicted is not None:
+            if prober is not None and observed is not None and row.status == "ok":
+                prober.pairs.append((observed, predicted))
+            predicted = None
         trial.set_user_attr("status", row.status)
         if table.has_seconds:  # what a real study records, so the sampler's cost model reads the same
             trial.set_user_attr("wall_seconds", seconds)
@@ -355,6 +434,8 @@ def replay(
         study.tell(trial, observed if observed is not None else 0.0)
         if feasible:
             seen.append((observed, row.throughput or 0.0, params))
+            if incumbent is None or observed > incumbent[0]:
+                incumbent = (observed, params)
         apparent = max(seen, key=lambda s: s[0])[1] if seen else 0.0
         fractions.append(apparent / best_true if best_true else 0.0)
         if reached > trials and fractions[-1] >= 0.95:
@@ -435,8 +516,9 @@ def simulate(
     top_k: int = 3,
     max_accuracy_loss: float = 0.01,
     on_run: Optional[Callable[[ReplayRun], None]] = None,
+    probes: bool = False,
 ) -> list[StrategySummary]:
-    """Replay every strategy with seeds ``0 .. seeds-1`` and summarise each."""
+    """Replay every strategy with seeds ``0 .. seeds-1`` and summarise each (``probes``: as ``replay``)."""
     if trials < 1 or seeds < 1:
         raise TableError("trials and seeds must be at least 1")
     if not isinstance(table, ReplayTable):
@@ -450,7 +532,7 @@ def simulate(
         runs = []
         for seed in range(seeds):
             run = replay(table, strategy, trials=trials, seed=seed, noise=noise, top_k=top_k,
-                         max_accuracy_loss=max_accuracy_loss)
+                         max_accuracy_loss=max_accuracy_loss, probes=probes)
             runs.append(run)
             if on_run:
                 on_run(run)

@@ -25,7 +25,8 @@ from typing import Any, Optional
 import optuna
 
 from autotune._config import TrialConfig
-from autotune.search._predict import correction_of, predict
+from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
+                                       correction_of, predict)
 from autotune.search._space import SearchSpace
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._progress import _Progress
@@ -33,10 +34,8 @@ from autotune.study._runner import TrialRunner
 
 PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
 PREDICTED = "predicted_throughput"  # trial attribute of a trial enqueued from probes
-INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
-WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
-MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
-LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+__all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PREDICTED", "PROBES", "WORTH", "LoaderProbes",
+           "correction", "loader_variants", "predict", "prediction_error"]
 
 
 def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig]:
@@ -134,12 +133,9 @@ class LoaderProbes:
             return None
         step_rate = self._probe("step", incumbent, ui, keep)
         factor = correction(self.study)
-        best: Optional[tuple[float, TrialConfig]] = None
-        for variant in variants:
-            predicted = predict(self._probe("loader", variant, ui, keep), step_rate, factor)
-            if predicted is not None and (best is None or predicted > best[0]):
-                best = (predicted, variant)
-        if best is None or best[0] < WORTH * incumbent_rate:
+        best = best_predicted([(self._probe("loader", v, ui, keep), v) for v in variants], step_rate, factor,
+                              incumbent_rate)
+        if best is None:
             return None
         predicted, variant = best
         self.study.enqueue_trial(self.space.asked_params(variant.to_dict()),

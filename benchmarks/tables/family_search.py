@@ -1,14 +1,14 @@
 """Replay strategies on the generated table family (``family.py``) and summarise trials and minutes to 95%.
 
     python -m benchmarks.tables.family_search [--count 50] [--first-seed 0] [--seeds 3] [--trials 30]
-        [--noise 0.02] [--jobs 2] [--no-row-noise]
+        [--noise 0.02] [--jobs 2] [--no-row-noise] [--probes]
 
 Prints one line per table (median / worst trials and median minutes to 95% of each strategy) and the
 family's summary: the median over every run, the worst run, and how many tables meet the per-table targets
 (guided's median trials <= 5, worst <= 12, median minutes <= half of TPE's and of random's). Not a test.
 ``--first-seed 1000`` replays a held-out family; ``--no-row-noise`` the same tables without the per-row noise
 baked into them, so 95% is of the model's best rather than of a line that noise lifted (the replay's own
-``--noise`` still applies).
+``--noise`` still applies); ``--probes`` with the loop's loader probes (``ReplayProbes``) for every strategy.
 """
 
 from __future__ import annotations
@@ -27,26 +27,27 @@ MEDIAN_TARGET, WORST_TARGET, MINUTES_SHARE = 5, 12, 0.5
 
 
 def measure(seed: int, strategies: Sequence[str], seeds: int, trials: int, noise: float,
-            row_noise: bool = True) -> dict[str, Any]:
+            row_noise: bool = True, probes: bool = False) -> dict[str, Any]:
     """Per strategy on table ``family-<seed>``: trials and minutes to 95% of every replay seed."""
     table = family.table(seed, row_noise=row_noise)
     out: dict[str, Any] = {"table": table.name, "kind": family.profile(seed).description.split(": ")[1],
                            "size": table.size}
-    for summary in simulate(table, strategies=strategies, trials=trials, seeds=seeds, noise=noise):
+    for summary in simulate(table, strategies=strategies, trials=trials, seeds=seeds, noise=noise, probes=probes):
         out[summary.strategy] = {"trials": [r.trials_to_95 for r in summary.runs],
                                  "minutes": [r.minutes_to_95 or 0.0 for r in summary.runs]}
     return out
 
 
-def _job(args: tuple[int, Sequence[str], int, int, float, bool]) -> dict[str, Any]:
+def _job(args: tuple[int, Sequence[str], int, int, float, bool, bool]) -> dict[str, Any]:
     return measure(*args)
 
 
 def run(count: int = 50, strategies: Sequence[str] = ("guided", "tpe", "random"), seeds: int = 3,
         trials: int = 30, noise: float = 0.02, jobs: int = 1, first_seed: int = 0,
-        row_noise: bool = True) -> list[dict[str, Any]]:
+        row_noise: bool = True, probes: bool = False) -> list[dict[str, Any]]:
     """``measure`` on the family's ``count`` tables from ``first_seed``, ``jobs`` at a time."""
-    work = [(seed, tuple(strategies), seeds, trials, noise, row_noise) for seed in family.seeds(count, first_seed)]
+    work = [(seed, tuple(strategies), seeds, trials, noise, row_noise, probes)
+            for seed in family.seeds(count, first_seed)]
     if jobs <= 1:
         return [_job(w) for w in work]
     with multiprocessing.Pool(jobs) as pool:
@@ -69,6 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--count", type=int, default=50)
     parser.add_argument("--first-seed", type=int, default=0, help="1000: the held-out family")
     parser.add_argument("--no-row-noise", action="store_true", help="tables without their per-row noise")
+    parser.add_argument("--probes", action="store_true", help="the loop's loader probes while input-bound")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--noise", type=float, default=0.02)
@@ -78,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     strategies = args.strategies.split(",")
     start = time.time()
     rows = run(args.count, strategies, args.seeds, args.trials, args.noise, args.jobs, args.first_seed,
-               not args.no_row_noise)
+               not args.no_row_noise, args.probes)
     print("| table | kind | space | " + " | ".join(f"{s} trials | {s} minutes" for s in strategies) + " | targets |")
     print("|---|---|---:|" + "---:|---:|" * len(strategies) + "---|")
     for row in rows:
