@@ -141,11 +141,13 @@ class TrialContext:
         Raises:
             MissingExtraError: ``precision=fp8`` without torchao.
         """
-        # Whether channels_last can matter (image layers), and what fp8 could convert: the search reads both.
-        self.extras.setdefault("activations_4d", has_4d_activations(module))
-        self.extras.setdefault("linear_layers", _float8.linear_shapes(module))
-        # Whether compile_scope=regions has blocks to compile: the search removes it where there are none.
-        self.extras.setdefault("repeated_blocks", [g.describe() for g in _regions.repeated_blocks(module)])
+        # Whether channels_last can matter (image layers), what fp8 could convert, and whether
+        # compile_scope=regions has blocks to compile: the search reads all three. Of the first model only
+        # (a train_fn may call ctx.model more than once), each walk of the modules done once.
+        if "activations_4d" not in self.extras:
+            self.extras["activations_4d"] = has_4d_activations(module)
+            self.extras["linear_layers"] = _float8.linear_shapes(module)
+            self.extras["repeated_blocks"] = [g.describe() for g in _regions.repeated_blocks(module)]
         if "pairing.weights" not in self.extras:
             # The verdict pairs this trial with the fp32 reference at its seed: same initial weights is
             # half of what that needs. Two sums, once per trial, before any knob touches the module.
