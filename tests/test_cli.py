@@ -234,6 +234,16 @@ def test_a_bad_batch_policy_or_batch_combination_fails_in_one_line(tmp_path: Pat
     assert not db.exists() or not optuna.get_all_study_summaries(f"sqlite:///{db}")  # no study was created
 
 
+def test_a_bad_space_is_reported_before_the_workload_is_imported(tmp_path: Path) -> None:
+    # The space is read before the trial server starts (a torch import) and imports the target to probe the
+    # hardware: a bad space is one line in about a second, whatever the target.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("knobs:\n  batch_size: [32, 64]\nbatch_policy: sideways\n")
+    proc = cli("tune", "no_such_module_here:train", "--space", bad, "--studies-dir", tmp_path / "studies", cwd=tmp_path)
+    assert_one_line_error(proc, str(bad), "batch_policy", "sideways")
+    assert "no_such_module_here" not in proc.stderr
+
+
 def test_the_batch_policy_flag_overrides_the_space(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("knobs:\n  batch_size: [16, 32, 64]\nbaseline: {batch_size: 32}\n"

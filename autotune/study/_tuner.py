@@ -84,10 +84,10 @@ class Tuner:
         self._batch_source = ""  # where the global batch came from: --batch-size, --baseline, the space, the script
 
     # -- setup -----------------------------------------------------------------------------------
-    def _load_space(self, caps: _hardware.Capabilities) -> _space.SearchSpace:
+    def _load_space(self, caps: Optional[_hardware.Capabilities]) -> _space.SearchSpace:
         space, defaults = self.options.search.space, self.options.search.default_spaces
         if not isinstance(space, _space.SearchSpace):
-            space = _space.load_space(space if space is not None else defaults[1] if caps.cuda else defaults[0])
+            space = _space.load_space(space if space is not None else defaults[1] if caps and caps.cuda else defaults[0])
         self._baseline_source = f"the space {space.name}"
         if self.options.search.processes_per_trial is not None:
             space = space.with_processes(self.options.search.processes_per_trial)
@@ -491,6 +491,10 @@ class Tuner:
         with clock.part("setup"):
             if opts.search.capabilities is None:
                 self._refuse_changed_rules_early()
+                if opts.study.mode != "join" and opts.search.space is not None:
+                    # A malformed space, batch policy or stated baseline is one line in a second, not after
+                    # the trial server's torch import (a given space reads no capability).
+                    self._load_space(None)
         with clock.part("probe"):
             caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
         setup_began = time.monotonic()
