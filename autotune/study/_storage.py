@@ -144,6 +144,16 @@ def _enable_sqlite_wal(path: Path) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
 
 
+def check_scheme(url: str) -> None:
+    """Raise ``StudyError`` for a storage URL whose scheme no storage here opens."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in RDB_SCHEMES + ("journal",):
+        raise StudyError(
+            f"storage {mask_url(url)}: unknown scheme {scheme!r} "
+            "(use sqlite:///PATH, postgresql://..., mysql://... or journal:PATH)"
+        )
+
+
 def open_storage(
     url: Optional[str], studies_dir: Path = DEFAULT_STUDIES_DIR, *, grace_period: Optional[int] = None,
     create: bool = True,
@@ -169,12 +179,7 @@ def open_storage(
         StudyError: the URL has an unknown scheme or cannot be opened, or (``create=False``) holds no studies.
     """
     url = url or default_storage_url(studies_dir)
-    scheme = url.split(":", 1)[0].split("+", 1)[0]
-    if scheme not in RDB_SCHEMES + ("journal",):
-        raise StudyError(
-            f"storage {mask_url(url)}: unknown scheme {scheme!r} "
-            "(use sqlite:///PATH, postgresql://..., mysql://... or journal:PATH)"
-        )
+    check_scheme(url)
     try:
         if url.startswith("journal:"):
             from autotune.study._journal import open_journal

@@ -36,7 +36,7 @@ from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._results import _with_path, write_best_config
 from autotune.study._runner import TrialRunner
-from autotune.study._storage import mask_url, open_storage, study_exists
+from autotune.study._storage import check_scheme, mask_url, open_storage, study_exists
 from autotune.study._workers import _device_identity, _worker_alive, _worker_id, register_worker
 
 METRIC_NAMES = ["throughput", "accuracy_loss"]
@@ -218,6 +218,8 @@ class Tuner:
         """``_check_stored_rules`` for a study that exists already, before the probe: a resume that would be
         refused is refused in a second, not after the trial server has started. Creates nothing."""
         opts = self.options
+        if opts.study.storage:
+            check_scheme(opts.study.storage)  # a storage no scheme here opens: one line before anything starts
         if opts.study.mode == "join":
             return
         try:
