@@ -429,3 +429,21 @@ def test_hints_for_input_and_memory_bounds_name_the_knobs_the_walk_tries():
     assert "loader: device" not in next_step(wait, {"loader": "device"})
     memory = Diagnosis("memory-capacity-bound", "oom", {}, True)
     assert "micro-batch with gradient accumulation" in next_step(memory, {"precision": "bf16"})
+
+
+def test_values_that_won_on_separate_lines_are_tried_together_first():
+    # Rule 10: workers 16 won at the prior, pageable memory and batch 512 each won on a line of their own;
+    # the additive model of log-throughput switches both at the incumbent in one move, before single moves.
+    from autotune.search._sampler import _Seen
+
+    sampler = GuidedSampler(search_space=SPACE, seed=0)
+    prior = {**sampler.prior_point(), "num_workers": 8}
+    runs = [({}, 100.0), ({"num_workers": 16}, 110.0), ({"pin_memory": False}, 108.0), ({"batch_size": 512}, 106.0)]
+    seen = [_Seen(number=i, params={**prior, **change}, value=value, feasible=True, oom=False, reference=False)
+            for i, (change, value) in enumerate(runs)]
+    assert sampler.propose(seen) == {**prior, "num_workers": 16, "pin_memory": False, "batch_size": 512}
+    # Within the margin of the noise (1% apart) there is nothing to combine: the walk moves one knob.
+    flat = [_Seen(number=i, params={**prior, **change}, value=100.0 + i * 0.3, feasible=True, oom=False,
+                  reference=False) for i, (change, _) in enumerate(runs)]
+    nxt = sampler.propose(flat)
+    assert sum(nxt[k] != flat[-1].params[k] for k in nxt) == 1

@@ -42,7 +42,12 @@ random until a model forms, the sampler:
    larger than the incumbent's ran out of memory (then first, at the smallest such batch), or the
    incumbent's diagnosis says memory-capacity-bound; that first retry of the larger batch also takes the
    memory savers the space has (``MEMORY_SAVERS``: activation checkpointing, CUDA Graphs and cuDNN
-   benchmark off), all at once: the walk can take them back one by one once the batch fits.
+   benchmark off), all at once: the walk can take them back one by one once the batch fits;
+10. before the single-knob moves, tries the winners of separate lines together (``_combined``): an additive
+   model of log-throughput, one effect per knob value, ridge-fitted to every feasible trial, names the knobs
+   whose measured value beats the incumbent's by ``COMBINE_MARGIN``; with two or more, the incumbent with all
+   of them switched is the next move. Knob effects are close to separable, so values that won on different
+   lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -56,6 +61,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
+import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
@@ -176,6 +182,13 @@ SPEED_ORDERED = frozenset({"precision", "channels_last", "cuda_graphs", "cudnn_b
                            "activation_checkpointing"})
 # Moves whose expected gain is at least this share of the best one left are near-ties: the cheaper goes first.
 NEAR_TIE = 0.75
+# Rule 10's combined move: a knob value switches when its effect on log-throughput beats the incumbent's by
+# this much (about 2%: above the noise of one measurement); the ridge keeps effects seen once small; fewer
+# feasible trials than the minimum say nothing about separate effects. Chosen among five settings on the
+# family (benchmarks/results/search.md, round 3), then checked on fresh replay seeds.
+COMBINE_MARGIN = 0.02
+COMBINE_RIDGE = 0.1
+COMBINE_MIN_TRIALS = 3
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
 # Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
@@ -350,6 +363,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
         moves = itertools.chain(
             [roomier] if roomier else [],
+            self._combined(seen, anchor, worse, dropped),
             ranked(first),
             ({**anchor, name: value} for name, value in deferred if name in first),
             self._pair_moves(anchor, worse, first, deferred),
@@ -625,6 +639,41 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             for value in self._value_order(name, current, downward=failed, prefer=prefer.get(name, ())):
                 if (name, value, current) not in worse and (name, value) not in deferred:
                     yield {**anchor, name: value}
+
+    def _combined(self, seen: list[_Seen], anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
+                  dropped: set[tuple[str, Any]]) -> list[dict[str, Any]]:
+        """The incumbent with every knob switched whose measured effect beats its value by ``COMBINE_MARGIN``,
+        where two or more are (rule 10); else nothing. Effects: ridge regression (``COMBINE_RIDGE``) of the
+        centred log-throughput of the feasible trials on one indicator per knob value; a value never measured
+        has no effect to read, and one that is clearly worse than the incumbent's, or dropped, is not chosen."""
+        data = [s for s in seen if s.feasible and s.value and s.value > 0]
+        knobs = [k for k in self._order if k in anchor]
+        columns: dict[tuple[str, str], int] = {}
+        for s in data:
+            for k in knobs:
+                if k in s.params:
+                    columns.setdefault((k, self._key([s.params[k]])), len(columns))
+        if len(data) < COMBINE_MIN_TRIALS:
+            return []
+        x = np.zeros((len(data), len(columns)))
+        for row, s in enumerate(data):
+            for k in knobs:
+                if k in s.params:
+                    x[row, columns[(k, self._key([s.params[k]]))]] = 1.0
+        y = np.log([s.value for s in data])
+        effect = np.linalg.solve(x.T @ x + COMBINE_RIDGE * np.eye(len(columns)), x.T @ (y - y.mean()))
+        switches = {}
+        for k in knobs:
+            here = columns.get((k, self._key([anchor[k]])))
+            if here is None:
+                continue
+            gains = [(effect[i] - effect[here], v) for v in self._values[k] if v != anchor[k]
+                     for i in [columns.get((k, self._key([v])))]
+                     if i is not None and (k, v, anchor[k]) not in worse and (k, v) not in dropped]
+            gain, value = max(gains, key=lambda g: g[0], default=(0.0, None))
+            if gain > COMBINE_MARGIN:
+                switches[k] = value
+        return [{**anchor, **switches}] if len(switches) >= 2 else []
 
     def _pair_moves(self, anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
                     knobs: Sequence[str], deferred: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
