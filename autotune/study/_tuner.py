@@ -490,13 +490,14 @@ class Tuner:
         opts = self.options
         minutes = opts.search.budget_minutes
         clock = self._clock = StudyClock(budget_seconds=minutes * 60 if minutes else None, started=started)
+        given: Optional[_space.SearchSpace] = None
         with clock.part("setup"):
             if opts.search.capabilities is None:
                 self._refuse_changed_rules_early()
-                if opts.study.mode != "join" and opts.search.space is not None:
-                    # A malformed space, batch policy or stated baseline is one line in a second, not after
-                    # the trial server's torch import (a given space reads no capability).
-                    self._load_space(None)
+            if opts.study.mode != "join" and opts.search.space is not None:
+                # Read before the probe: a malformed space, batch policy or stated baseline is one line in a
+                # second, not after the trial server's torch import (a given space reads no capability).
+                given = self._load_space(None)
         with clock.part("probe"):
             caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
         setup_began = time.monotonic()
@@ -512,7 +513,7 @@ class Tuner:
             self._adopt_study_settings(study)
             opts = self.options
         else:
-            space = _space.restrict_to(self._load_space(caps), caps)
+            space = _space.restrict_to(given if given is not None else self._load_space(caps), caps)
             if clock.budget_seconds is None and space.study_minutes:
                 clock.budget_seconds = space.study_minutes * 60  # the space's default (the demo's)
             space, mps = self._open_mps(space, cleanup)
