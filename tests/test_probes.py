@@ -10,6 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
 from autotune import Tuner
 from autotune._config import TrialConfig
@@ -31,9 +32,10 @@ budget: {samples: 2048, warmup_steps: 2, windows: 3}
 """
 
 
-def _spec(probe, **config) -> TrialSpec:
-    return TrialSpec(target=f"{WORKLOADS}:train_input_bound", config=TrialConfig(batch_size=32, cpu_threads=1, **config),
-                     budget=Budget(samples=2048, warmup_steps=2, windows=3), probe=probe)
+def _spec(probe, target="train_input_bound", variants=(), **config) -> TrialSpec:
+    return TrialSpec(target=f"{WORKLOADS}:{target}", config=TrialConfig(batch_size=32, cpu_threads=1, **config),
+                     budget=Budget(samples=2048, warmup_steps=2, windows=3), probe=probe,
+                     loader_variants=tuple(TrialConfig(batch_size=32, cpu_threads=1, **v) for v in variants))
 
 
 def test_a_loader_probe_never_steps_the_model_and_a_step_probe_never_waits_on_the_loader(tmp_path):
@@ -57,6 +59,29 @@ def test_a_loader_probe_never_steps_the_model_and_a_step_probe_never_waits_on_th
     assert predict(m.throughput, s.throughput) == pytest.approx(full.measurement.throughput, rel=0.5)
 
 
+def test_one_loader_probe_process_measures_every_variant_on_the_same_dataset(tmp_path):
+    variants = ({"num_workers": 2}, {"loader": "device"})
+    outcome = run_isolated(_spec("loader", variants=variants), workdir=tmp_path / "batched", timeout=120)
+    assert outcome.ok, outcome.error
+    m = outcome.measurement
+    assert m.extras["probe"] == "loader" and "forward_calls" not in m.extras and m.steps == 0
+    rates = m.extras["loader_rates"]
+    assert m.extras["loader_errors"] == [None, None] and len(rates) == 2
+    # Served from memory, the slow items are read once: the device variant outruns the per-sample reads.
+    assert rates[1] > 3 * m.throughput and all(r > 0 for r in rates)
+    alone = run_isolated(_spec("loader", num_workers=2), workdir=tmp_path / "alone", timeout=120)
+    assert alone.ok and rates[0] == pytest.approx(alone.measurement.throughput, rel=0.5)  # as if it ran alone
+
+
+def test_a_variant_that_cannot_be_built_is_reported_and_the_others_are_measured(tmp_path):
+    variants = ({"loader": "device"}, {"num_workers": 1})
+    outcome = run_isolated(_spec("loader", target="train_augmented", variants=variants), workdir=tmp_path, timeout=120)
+    assert outcome.ok, outcome.error
+    rates, errors = outcome.measurement.extras["loader_rates"], outcome.measurement.extras["loader_errors"]
+    assert rates[0] is None and "loader=device" in errors[0] and "random" in errors[0]
+    assert rates[1] > 0 and errors[1] is None
+
+
 def test_a_loader_probe_of_a_train_fn_without_ctx_loader_is_an_error(tmp_path):
     spec = TrialSpec(target=f"{WORKLOADS}:no_window", config=TrialConfig(batch_size=32), budget=Budget(samples=256),
                      probe="loader")
@@ -78,6 +103,10 @@ def test_an_input_bound_study_probes_the_loader_apart_and_confirms_the_predictio
         assert probe["status"] == "ok" and probe["rate"] > 0
         if probe["kind"] == "loader":
             assert "forward_calls" not in probe["extras"] and probe["steps"] == 0
+    # Every loader variant of an incumbent in one process: its record says how many it shared it with.
+    loaders = [p for p in probes if p["kind"] == "loader"]
+    assert loaders[0]["batched"] == len(loader_variants(parse_space(yaml.safe_load(SPACE)), TrialConfig(
+        batch_size=32, num_workers=0, cpu_threads=1)))
     predicted = [t for t in study.trials if t.user_attrs.get(PREDICTED)]
     assert predicted, [t.user_attrs.get("config") for t in study.trials]
     trial = predicted[0]

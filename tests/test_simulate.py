@@ -14,7 +14,8 @@ from optuna.trial import TrialState
 
 from autotune import TableError, Tuner
 from autotune.search._predict import LOADER_KNOBS, WORTH, predict
-from autotune.search._simulate import ReplayProbes, ReplayTable, config_key, replay, replay_env, simulate
+from autotune.search._simulate import (CACHED_COMPILE_SHARE, NoisyLookup, ReplayProbes, ReplayTable, TrialClock, config_key,
+                                      replay, replay_env, simulate)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLAY = "autotune.search._simulate:replay_train"
@@ -156,9 +157,20 @@ def test_replayed_probes_choose_the_next_trial_and_charge_their_seconds(table):
     assert [k for k in first if first[k] != second[k]] == ["num_workers"]
     assert rated[json.dumps(second, sort_keys=True)] == max(rated.values()) >= WORTH * inputs.lookup(first).throughput
     assert second != walked.measured[1]  # the walk alone moves the workers one step at a time
-    # Probes are not trials, but their seconds count: twelve processes before the second trial.
+    # Probes are not trials, but their seconds count: a step probe, and one process for the twelve loader
+    # variants, which pays its start once and each variant its samples at its loader's rate.
     assert probed.trials == walked.trials == 6
-    assert probed.seconds[1] > walked.seconds[1] + 12 * 10
+    prober = ReplayProbes(inputs, NoisyLookup(inputs, noise=0.0, seed=0), 0)
+    start, samples = prober.process_seconds, prober.samples
+    assert 10 < start < 40 and 1000 < samples < 10_000  # the table's trials: a process start and 4,096 samples
+    row = inputs.lookup(first)
+    step_seconds = row.trial_seconds - row.compile_seconds * (1 - CACHED_COMPILE_SHARE)
+    windows = sum(samples / inputs.lookup(v).loader_rate for v in variants[:12])
+    clock = TrialClock(inputs)
+    clock.charge(first, row)
+    trial_seconds = clock.charge(second, inputs.lookup(second))[0]  # its compile cached, as in the run
+    assert probed.seconds[1] == pytest.approx(trial_seconds + step_seconds + start + windows, rel=1e-6)
+    assert start + windows < 12 * start  # twelve processes would pay the start twelve times
 
 
 def test_simulate_rejects_bad_input_in_one_line(table, tmp_path):

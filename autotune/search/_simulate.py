@@ -302,9 +302,11 @@ class ReplayProbes:
     ``INPUT_BOUND`` of its windows, its step and each loader variant are probed (with the replay's noise), and
     the variant ``best_predicted`` names is the next full trial. Probes are not trials; their seconds count.
 
-    A loader probe costs its row's trial seconds without the compile (process start, build, workers and the
-    same samples; it runs no step, so this overstates it where the step is the faster side); a step probe the
-    incumbent's row with its compile cached (its graph already ran in this study).
+    The loader variants of one incumbent run in one probe process, as the loop runs them: the process's start
+    and build are paid once, and each variant its samples at its loader's rate. Both parts come from the
+    table (``_cost_parts``: a least-squares line of a row's seconds without the compile against
+    1 / throughput: its intercept is what a process pays whatever it runs, its slope the samples a trial
+    runs). A step probe costs the incumbent's row with its compile cached (its graph already ran).
     """
 
     def __init__(self, table: ReplayTable, lookup: "NoisyLookup", seed: int) -> None:
@@ -312,6 +314,7 @@ class ReplayProbes:
         self.knobs = [k for k in LOADER_KNOBS if k in table.names]
         self._done: dict[str, Optional[float]] = {}
         self.pairs: list[tuple[float, float]] = []  # (measured, predicted) of the full trials probes chose
+        self.process_seconds, self.samples = _cost_parts(table)
 
     @classmethod
     def usable(cls, table: ReplayTable) -> bool:
@@ -319,7 +322,8 @@ class ReplayProbes:
             r.loader_rate and r.step_rate for r in table._rows.values())
 
     def _rate(self, kind: str, params: Mapping[str, Any]) -> tuple[Optional[float], float]:
-        """(rate, seconds) of one probe; a probe already run costs nothing and returns its rate."""
+        """(rate, seconds) of one probe alone; a probe already run costs nothing and returns its rate. A
+        loader probe's seconds are its windows only (``choose`` adds the process once)."""
         key = kind + ":" + _key(params)
         row = self.table.lookup(params)
         if key in self._done:
@@ -328,9 +332,10 @@ class ReplayProbes:
         noise = self.lookup.noise
         rate = rate * self._rng.uniform(1 - noise, 1 + noise) if rate and row.status == "ok" else None
         self._done[key] = rate
+        if kind == "loader":
+            return rate, self.samples / row.loader_rate if row.loader_rate else 0.0
         base = (row.trial_seconds or 0.0) - (row.compile_seconds or 0.0)
-        cached = (row.compile_seconds or 0.0) * CACHED_COMPILE_SHARE if kind == "step" else 0.0
-        return rate, base + cached
+        return rate, base + (row.compile_seconds or 0.0) * CACHED_COMPILE_SHARE
 
     def choose(self, incumbent: Mapping[str, Any], observed: float,
                measured: set[str]) -> tuple[Optional[tuple[float, dict[str, Any]]], float]:
@@ -345,12 +350,29 @@ class ReplayProbes:
         if not variants:
             return None, 0.0
         step_rate, seconds = self._rate("step", incumbent)
-        candidates = []
+        candidates, windows = [], 0.0
         for variant in variants:
             rate, cost = self._rate("loader", variant)
             candidates.append((rate, variant))
-            seconds += cost
+            windows += cost
+        if windows:
+            seconds += self.process_seconds + windows  # one process for every variant not probed before
         return best_predicted(candidates, step_rate, correction_of(self.pairs), observed), seconds
+
+
+def _cost_parts(table: ReplayTable) -> tuple[float, float]:
+    """(seconds a trial process pays whatever it runs, samples a trial runs) of a table: the intercept and
+    slope of a least-squares line of each ok row's seconds without its compile against 1 / throughput."""
+    points = [(1.0 / r.throughput, r.trial_seconds - (r.compile_seconds or 0.0)) for r in table._rows.values()
+              if r.status == "ok" and r.throughput and r.trial_seconds is not None]
+    if len(points) < 2:
+        return table.fallback_seconds(), 0.0
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread > 0 else 0.0
+    slope = max(0.0, slope)
+    return max(0.0, mean_y - slope * mean_x), slope
 
 
 def replay(

@@ -3,9 +3,13 @@
 A full trial measures the loader and the model together, so tuning the loader by full trials compiles and
 runs a model that mostly waits. When a trial waits on its input (``INPUT_BOUND``), the loop instead probes:
 
-- a *loader probe* per loader variant of the incumbent (each other value of each loader knob): the user's
-  ``train_fn`` runs up to ``ctx.loader``, whose loader is iterated alone for the trial's warm-up and
-  windows, with no model step, no compile and no device work (``trial/_context``);
+- a *loader probe* of the loader variants of the incumbent (each other value of each loader knob): the user's
+  ``train_fn`` runs once up to ``ctx.loader``, which builds each variant's loader on the same dataset in turn
+  and iterates it alone for the trial's warm-up and windows, with no model step, no compile and no device
+  work (``trial/_context``). One process for all of them: a probe process's start and the script up to its
+  loader cost more than a variant's windows, so probes in separate processes cost more than the full trials
+  they save (benchmarks/results/search.md). They run one after another, not beside the step probe: a
+  loader variant with workers would measure the cores the step probe's launches also use;
 - one *step probe* of the incumbent: a few real batches kept on the device and replayed through the same
   step, so no step waits on the loader.
 
@@ -101,27 +105,67 @@ class LoaderProbes:
     def _done(self) -> dict[str, dict[str, Any]]:
         return {f"{p['kind']}:{p['config_key']}": p for p in self.study.user_attrs.get(PROBES, [])}
 
-    def _probe(self, kind: str, config: TrialConfig, ui: _Progress, keep: float) -> Optional[float]:
-        done = self._done()
-        key = _key(config)
-        if f"{kind}:{key}" in done:
-            return done[f"{kind}:{key}"]["rate"]
-        if self.clock.budgeted and not self.clock.fits(MIN_RUN_S, keep=keep):
+    def _record(self, records: list[dict[str, Any]]) -> None:
+        self.study.set_user_attr(PROBES, [*self.study.user_attrs.get(PROBES, []), *records])
+
+    def _fits(self, keep: float) -> bool:
+        return not self.clock.budgeted or self.clock.fits(MIN_RUN_S, keep=keep)
+
+    def _step(self, config: TrialConfig, ui: _Progress, keep: float) -> Optional[float]:
+        """The step probe of ``config``: its step replayed on a few batches kept on the device."""
+        done = self._done().get(f"step:{_key(config)}")
+        if done is not None:
+            return done["rate"]
+        if not self._fits(keep):
             return None
-        ui.status(f"{kind} probe: {config.describe()}")
+        ui.status(f"step probe: {config.describe()}")
         with self.clock.part("probes"):
-            outcome = self.runner.run(config, f"probe-{kind}-{len(done)}", seed=self.seed, probe=kind,
+            outcome = self.runner.run(config, f"probe-step-{len(self._done())}", seed=self.seed, probe="step",
                                       timeout=self.clock.cap(self.runner.timeout, keep=keep))
-        rate = outcome.measurement.throughput if outcome.ok and outcome.measurement is not None else None
-        record = {"kind": kind, "config": config.to_dict(), "config_key": key, "rate": rate,
-                  "seconds": round(outcome.wall_seconds, 3), "status": outcome.status,
-                  "data_wait_fraction": outcome.measurement.data_wait_fraction if outcome.measurement else None,
-                  "steps": outcome.measurement.steps if outcome.measurement else None,
-                  "extras": dict(outcome.measurement.extras) if outcome.measurement else {}}
-        self.study.set_user_attr(PROBES, [*self.study.user_attrs.get(PROBES, []), record])
-        ui.say(f"  probe   {kind:<7} {rate or 0:>10,.1f}/s  {config.describe()}"
+        measurement = outcome.measurement
+        rate = measurement.throughput if outcome.ok and measurement is not None else None
+        self._record([{"kind": "step", "config": config.to_dict(), "config_key": _key(config), "rate": rate,
+                       "seconds": round(outcome.wall_seconds, 3), "status": outcome.status,
+                       "data_wait_fraction": measurement.data_wait_fraction if measurement else None,
+                       "steps": measurement.steps if measurement else None,
+                       "extras": dict(measurement.extras) if measurement else {}}])
+        ui.say(f"  probe   step    {rate or 0:>10,.1f}/s  {config.describe()}"
                + ("" if outcome.ok else f"  [{outcome.status}: {outcome.error[:120]}]"))
         return rate
+
+    def _loaders(self, configs: list[TrialConfig], ui: _Progress, keep: float) -> list[Optional[float]]:
+        """The loader rate of each of ``configs``: those not probed yet in one process, one after another on
+        the same dataset (the first is the process's config, the others its ``loader_variants``), so many
+        loader configs cost one process's start and one run of ``train_fn`` up to ``ctx.loader``."""
+        done = self._done()
+        pending = [c for c in configs if f"loader:{_key(c)}" not in done]
+        if pending and self._fits(keep):
+            ui.status(f"loader probe: {len(pending)} loader configs of {pending[0].describe()}")
+            with self.clock.part("probes"):
+                outcome = self.runner.run(pending[0], f"probe-loader-{len(done)}", seed=self.seed, probe="loader",
+                                          loader_variants=pending[1:],
+                                          timeout=self.clock.cap(self.runner.timeout, keep=keep))
+            measurement = outcome.measurement
+            extras = dict(measurement.extras) if outcome.ok and measurement is not None else {}
+            rates = [measurement.throughput if outcome.ok and measurement else None,
+                     *(extras.get("loader_rates") or [None] * (len(pending) - 1))]
+            errors = [None if outcome.ok else f"{outcome.status}: {outcome.error}",
+                      *(extras.get("loader_errors") or [None] * (len(pending) - 1))]
+            seconds = round(outcome.wall_seconds / len(pending), 3)  # the process's seconds, shared
+            records = []
+            for config, rate, error in zip(pending, rates, errors):
+                records.append({"kind": "loader", "config": config.to_dict(), "config_key": _key(config),
+                                "rate": rate, "seconds": seconds, "batched": len(pending),
+                                "status": "ok" if rate is not None else outcome.status if not outcome.ok else "error",
+                                "error": error, "data_wait_fraction": None,
+                                "steps": measurement.steps if measurement else None, "extras": {}})
+                ui.say(f"  probe   loader  {rate or 0:>10,.1f}/s  {config.describe()}"
+                       + (f"  [{error[:120]}]" if error else ""))
+            records[0].update({"data_wait_fraction": measurement.data_wait_fraction if measurement else None,
+                               "extras": {k: v for k, v in extras.items() if k not in ("loader_rates", "loader_errors")}})
+            self._record(records)
+            done = self._done()
+        return [done[f"loader:{_key(c)}"]["rate"] if f"loader:{_key(c)}" in done else None for c in configs]
 
     def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0
             ) -> Optional[TrialConfig]:
@@ -131,9 +175,9 @@ class LoaderProbes:
         variants = [v for v in loader_variants(self.space, incumbent) if not self._measured(v)]
         if not variants:
             return None
-        step_rate = self._probe("step", incumbent, ui, keep)
+        step_rate = self._step(incumbent, ui, keep)
         factor = correction(self.study)
-        best = best_predicted([(self._probe("loader", v, ui, keep), v) for v in variants], step_rate, factor,
+        best = best_predicted(list(zip(self._loaders(variants, ui, keep), variants)), step_rate, factor,
                               incumbent_rate)
         if best is None:
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Budget, TrialConfig, TrialOutcome, alloc_conf_with
 from autotune.hardware._mps import MpsSession
@@ -45,7 +45,8 @@ class TrialRunner:
         self.mps = mps
 
     def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
-             prune_below: Optional[float] = None, probe: Optional[str] = None) -> TrialSpec:
+             prune_below: Optional[float] = None, probe: Optional[str] = None,
+             loader_variants: Sequence[TrialConfig] = ()) -> TrialSpec:
         return TrialSpec(
             target=self.target,
             config=config,
@@ -55,6 +56,7 @@ class TrialRunner:
             memory_limit_gib=self.memory_limit_gib,
             prune_below=prune_below,
             probe=probe,
+            loader_variants=tuple(loader_variants),
             env=self._env(config),
         )
 
@@ -79,9 +81,11 @@ class TrialRunner:
 
     def run(self, config: TrialConfig, workdir: str, *, seed: int, budget: Optional[Budget] = None,
             prune_below: Optional[float] = None, timeout: Optional[float] = None,
-            probe: Optional[str] = None) -> TrialOutcome:
-        """Run ``config`` with its log in ``logdir/workdir`` (``probe``: one side of it alone, see ``_probes``)."""
-        spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below, probe=probe)
+            probe: Optional[str] = None, loader_variants: Sequence[TrialConfig] = ()) -> TrialOutcome:
+        """Run ``config`` with its log in ``logdir/workdir`` (``probe``: one side of it alone, see ``_probes``;
+        ``loader_variants``: a loader probe's further configs, measured in the same process)."""
+        spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below, probe=probe,
+                         loader_variants=loader_variants)
         run = run_copies if config.processes_per_gpu > 1 else run_isolated
         return run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
                    compile_timeout=self.compile_timeout)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
@@ -76,11 +77,15 @@ class TrialContext:
         device: Optional[torch.device] = None,
         prune_below: Optional[float] = None,
         probe: Optional[str] = None,
+        loader_variants: Sequence[TrialConfig] = (),
     ) -> None:
         self.config = config
         # A probe measures one side of the trial apart (see ``autotune.study._probes``): "loader" iterates
         # the input pipeline alone and ends at ctx.loader; "step" replays a few batches through the step.
         self.probe = probe
+        # A loader probe's further configs (other loader knobs, the same batch): each is built on the same
+        # dataset and measured in turn in this one process, so many loader configs cost one process.
+        self.loader_variants = tuple(loader_variants)
         self.prune_below = prune_below
         self.budget = budget
         self.seed = seed
@@ -237,16 +242,7 @@ class TrialContext:
         script_batch = kwargs.pop("batch_size", None)
         if script_batch is not None:
             self.extras["script_batch_size"] = int(script_batch) * self.world_size
-        workers = cfg.num_workers
-        options: dict[str, Any] = {
-            "batch_size": cfg.batch_size,
-            "num_workers": workers,
-            "pin_memory": cfg.pin_memory and self.device.type == "cuda",
-            "drop_last": True,
-        }
-        if workers > 0:
-            options["prefetch_factor"] = cfg.prefetch_factor
-            options["persistent_workers"] = cfg.persistent_workers
+        options: dict[str, Any] = {"batch_size": cfg.batch_size, "drop_last": True}
         if sampler is not None:
             options["sampler"] = sampler
         elif isinstance(dataset, torch.utils.data.IterableDataset):
@@ -255,12 +251,10 @@ class TrialContext:
         else:
             options["sampler"] = DataOrder(len(dataset), seed=self.seed, shuffle=shuffle, rank=self.rank,
                                            world_size=self.world_size)
-        options.update(kwargs)
         self.extras["loader_built"] = True  # ctx.loader is in use: the loop may probe the loader apart
         if self.probe == "loader":
-            loader = self._device_loader(dataset, options) if cfg.loader == "device" else \
-                torch.utils.data.DataLoader(dataset, **options)
-            self._measure_loader(loader)  # raises ProbeDone
+            self._probe_loaders(dataset, options, kwargs)  # raises ProbeDone
+        options = self._loader_options(cfg, options, kwargs)
         if cfg.loader == "device":
             return self._device_loader(dataset, options)
         if self.budget is not None and options["num_workers"] == 0:
@@ -272,12 +266,51 @@ class TrialContext:
             self._epoch_steps = len(loader)
         return loader
 
-    def _measure_loader(self, loader: Iterable[Any]) -> None:
-        """A loader probe: the trial's warm-up and timed windows of batches from ``loader`` alone (no model
-        step, no device copy), recorded as the trial's windows; then ``ProbeDone`` ends the trial."""
+    def _loader_options(self, cfg: TrialConfig, options: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The DataLoader's arguments under ``cfg``'s loader knobs (the script's own ``kwargs`` win)."""
+        out = {**options, "num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory and self.device.type == "cuda"}
+        if cfg.num_workers > 0:
+            out["prefetch_factor"] = cfg.prefetch_factor
+            out["persistent_workers"] = cfg.persistent_workers
+        out.update(kwargs)
+        return out
+
+    def _probe_loaders(self, dataset: Any, options: dict[str, Any], kwargs: dict[str, Any]) -> None:
+        """A loader probe: the config's loader, then each of ``loader_variants``, built on the dataset and
+        iterated alone (``_measure_loader``). The config's windows are the probe's measurement; each
+        variant's median window rate, or why it could not be built, goes to ``extras``. Raises ProbeDone."""
+        rates: list[Optional[float]] = []
+        errors: list[Optional[str]] = []
+        for index, cfg in enumerate((self.config, *self.loader_variants)):
+            built = self._loader_options(cfg, options, kwargs)
+            recorder = self.recorder if index == 0 else WindowRecorder(self.device)
+            try:
+                loader = self._device_loader(dataset, built, cfg if index else None) if cfg.loader == "device" else \
+                    torch.utils.data.DataLoader(dataset, **built)
+                self._measure_loader(loader, cfg, recorder)
+            except Exception as exc:  # noqa: BLE001 - one variant's fault (a refusal, a worker's crash) is its own
+                if index == 0:
+                    raise
+                rates.append(None)
+                errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                continue
+            finally:
+                loader = None  # its workers end before the next variant's start
+            if index:
+                rates.append(statistics.median(w.throughput for w in recorder.windows))
+                errors.append(None)
+        self.extras["probe"] = "loader"
+        if self.loader_variants:
+            self.extras["loader_rates"] = rates
+            self.extras["loader_errors"] = errors
+        raise ProbeDone("the loader probe measured its windows")
+
+    def _measure_loader(self, loader: Iterable[Any], cfg: TrialConfig, recorder: WindowRecorder) -> None:
+        """The trial's warm-up and timed windows of batches from ``loader`` alone (no model step, no device
+        copy), recorded in ``recorder``."""
         steps, warmup, window_steps = self._plan()
         # Past the workers' start and their first prefetch, so the windows see the steady rate.
-        warmup = max(warmup, 2 + self.config.num_workers * (self.config.prefetch_factor or 2))
+        warmup = max(warmup, 2 + cfg.num_workers * (cfg.prefetch_factor or 2))
         iterator = iter(loader)
 
         def fetch() -> Any:
@@ -291,18 +324,18 @@ class TrialContext:
         for _ in range(max(1, warmup)):
             fetch()
         for _ in range(self.budget.windows if self.budget else 3):
-            self.recorder.begin_window()
+            recorder.begin_window()
             for _ in range(window_steps):
                 began = time.perf_counter()
                 samples = batch_length(fetch())
-                self.recorder.add(samples, time.perf_counter() - began)
-            self.recorder.end_window()
-        self.extras["probe"] = "loader"
-        raise ProbeDone("the loader probe measured its windows")
+                recorder.add(samples, time.perf_counter() - began)
+            recorder.end_window()
+        del iterator
 
-    def _device_loader(self, dataset: Any, options: dict[str, Any]) -> _resident.DeviceLoader:
+    def _device_loader(self, dataset: Any, options: dict[str, Any],
+                       cfg: Optional[TrialConfig] = None) -> _resident.DeviceLoader:
         """``loader=device``: the dataset on the device, batched as the DataLoader of ``options`` would."""
-        share = self.config.device_data_share
+        share = (cfg or self.config).device_data_share
         refused = _resident.refusal(dataset, share=share, device=self.device)
         if refused:
             raise KnobError(f"loader=device: {refused}")  # the study reads it as DEVICE_LOADER_REFUSAL
@@ -310,8 +343,9 @@ class TrialContext:
             options["sampler"], options["batch_size"], options["drop_last"])
         collate = options.get("collate_fn") or torch.utils.data.default_collate
         served = _resident.build(dataset, batch_sampler=batches, collate_fn=collate, device=self.device, share=share)
-        self.extras["input_backend"] = "device"
-        self.extras["device_data_gib"] = round(served.nbytes / 2**30, 4)
+        if cfg is None:  # the trial's own loader, not a probe's variant
+            self.extras["input_backend"] = "device"
+            self.extras["device_data_gib"] = round(served.nbytes / 2**30, 4)
         return served
 
     def image_loader(

@@ -48,6 +48,7 @@ class TrialSpec:
     env: Optional[dict[str, str]] = None
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
     probe: Optional[str] = None  # "loader" or "step": measure that side of the trial alone (trial/_context)
+    loader_variants: tuple[TrialConfig, ...] = ()  # a loader probe's further configs, measured in turn
 
 
 # Set by the launcher on every rank of a trial of several processes (its value: the ranks). torch's own
@@ -143,6 +144,7 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
                 device=device,
                 prune_below=spec.prune_below,
                 probe=spec.probe,
+                loader_variants=spec.loader_variants,
             )
             try:
                 returned = fn(ctx)
