@@ -15,6 +15,7 @@ import yaml
 from autotune import Tuner
 from autotune._config import TrialConfig
 from autotune.study._isolation import run_isolated
+from autotune.search._predict import SLOW_VARIANT_SHARE
 from autotune.study._probes import PREDICTED, PROBES, loader_variants, predict
 from autotune.search._space import parse_space
 from autotune.trial._execute import TrialSpec
@@ -69,8 +70,18 @@ def test_one_loader_probe_process_measures_every_variant_on_the_same_dataset(tmp
     assert m.extras["loader_errors"] == [None, None] and len(rates) == 2
     # Served from memory, the slow items are read once: the device variant outruns the per-sample reads.
     assert rates[1] > 3 * m.throughput and all(r > 0 for r in rates)
+    assert m.extras["loader_windows"] == [3, 3] and len(m.window_throughputs) == 3
     alone = run_isolated(_spec("loader", num_workers=2), workdir=tmp_path / "alone", timeout=120)
     assert alone.ok and rates[0] == pytest.approx(alone.measurement.throughput, rel=0.5)  # as if it ran alone
+
+
+def test_a_variant_far_slower_than_one_measured_before_it_stops_after_its_first_window(tmp_path):
+    outcome = run_isolated(_spec("loader", variants=({"num_workers": 0},), loader="device"), workdir=tmp_path,
+                           timeout=120)
+    assert outcome.ok, outcome.error
+    m = outcome.measurement
+    assert len(m.window_throughputs) == 3  # the process's own config is measured in full
+    assert m.extras["loader_windows"] == [1] and m.extras["loader_rates"][0] < SLOW_VARIANT_SHARE * m.throughput
 
 
 def test_a_variant_that_cannot_be_built_is_reported_and_the_others_are_measured(tmp_path):

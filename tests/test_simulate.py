@@ -13,8 +13,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import TableError, Tuner
-from autotune.search._predict import LOADER_KNOBS, WORTH, predict
-from autotune.search._simulate import (CACHED_COMPILE_SHARE, NoisyLookup, ReplayProbes, ReplayTable, TrialClock, config_key,
+from autotune.search._predict import LOADER_KNOBS, SLOW_VARIANT_SHARE, WORTH, predict
+from autotune.search._simulate import (CACHED_COMPILE_SHARE, ONE_WINDOW, NoisyLookup, ReplayProbes, ReplayTable, TrialClock, config_key,
                                       replay, replay_env, simulate)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,7 +165,11 @@ def test_replayed_probes_choose_the_next_trial_and_charge_their_seconds(table):
     assert 10 < start < 40 and 1000 < samples < 10_000  # the table's trials: a process start and 4,096 samples
     row = inputs.lookup(first)
     step_seconds = row.trial_seconds - row.compile_seconds * (1 - CACHED_COMPILE_SHARE)
-    windows = sum(samples / inputs.lookup(v).loader_rate for v in variants[:12])
+    windows, fastest = 0.0, 0.0
+    for v in variants[:12]:
+        rate = inputs.lookup(v).loader_rate
+        windows += samples / rate * (ONE_WINDOW if rate < SLOW_VARIANT_SHARE * fastest else 1.0)
+        fastest = max(fastest, rate)
     clock = TrialClock(inputs)
     clock.charge(first, row)
     trial_seconds = clock.charge(second, inputs.lookup(second))[0]  # its compile cached, as in the run

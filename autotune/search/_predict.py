@@ -15,7 +15,8 @@ from typing import Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "WORTH", "best_predicted",
+__all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
+           "best_predicted",
            "correction_of", "predict", "prediction_error_summary"]
 
 # When the loop probes, shared with the replay so that ``simulate`` measures what a study does.
@@ -23,6 +24,9 @@ INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input abo
 WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
 MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
 LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+# In one loader probe, a variant whose first window runs below this share of the fastest variant measured
+# before it stops there: it cannot be the pick, and a slow loader would take the longest of all to measure.
+SLOW_VARIANT_SHARE = 0.5
 
 
 def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:

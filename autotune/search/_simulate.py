@@ -39,12 +39,15 @@ from optuna.distributions import CategoricalDistribution
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
-from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, PredictionError, best_predicted,
-                                       correction_of, predict, prediction_error_summary)
+from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, SLOW_VARIANT_SHARE, PredictionError,
+                                      best_predicted, correction_of, predict, prediction_error_summary)
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
 STATUSES = ("ok", "oom", "error")
+# A loader variant that stops after its first timed window pays this share of its samples: one of a default
+# budget's three windows (its warm-up is not counted apart).
+ONE_WINDOW = 1 / 3
 DEFAULT_STRATEGIES = ("guided", "guided-flat", "tpe", "random")
 
 
@@ -306,7 +309,8 @@ class ReplayProbes:
     and build are paid once, and each variant its samples at its loader's rate. Both parts come from the
     table (``_cost_parts``: a least-squares line of a row's seconds without the compile against
     1 / throughput: its intercept is what a process pays whatever it runs, its slope the samples a trial
-    runs). A step probe costs the incumbent's row with its compile cached (its graph already ran).
+    runs); a variant that stops after its first window (``SLOW_VARIANT_SHARE``) pays ``ONE_WINDOW`` of its
+    samples. A step probe costs the incumbent's row with its compile cached (its graph already ran).
     """
 
     def __init__(self, table: ReplayTable, lookup: "NoisyLookup", seed: int) -> None:
@@ -350,11 +354,14 @@ class ReplayProbes:
         if not variants:
             return None, 0.0
         step_rate, seconds = self._rate("step", incumbent)
-        candidates, windows = [], 0.0
+        candidates, windows, fastest = [], 0.0, 0.0
         for variant in variants:
             rate, cost = self._rate("loader", variant)
             candidates.append((rate, variant))
+            if rate and rate < SLOW_VARIANT_SHARE * fastest:
+                cost *= ONE_WINDOW  # it stopped after its first window
             windows += cost
+            fastest = max(fastest, rate or 0.0)
         if windows:
             seconds += self.process_seconds + windows  # one process for every variant not probed before
         return best_predicted(candidates, step_rate, correction_of(self.pairs), observed), seconds

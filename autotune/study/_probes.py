@@ -6,7 +6,8 @@ runs a model that mostly waits. When a trial waits on its input (``INPUT_BOUND``
 - a *loader probe* of the loader variants of the incumbent (each other value of each loader knob): the user's
   ``train_fn`` runs once up to ``ctx.loader``, which builds each variant's loader on the same dataset in turn
   and iterates it alone for the trial's warm-up and windows, with no model step, no compile and no device
-  work (``trial/_context``). One process for all of them: a probe process's start and the script up to its
+  work (``trial/_context``); a variant whose first window runs below ``SLOW_VARIANT_SHARE`` of the fastest
+  before it stops there. One process for all of them: a probe process's start and the script up to its
   loader cost more than a variant's windows, so probes in separate processes cost more than the full trials
   they save (benchmarks/results/search.md). They run one after another, not beside the step probe: a
   loader variant with workers would measure the cores the step probe's launches also use;
@@ -151,11 +152,13 @@ class LoaderProbes:
                      *(extras.get("loader_rates") or [None] * (len(pending) - 1))]
             errors = [None if outcome.ok else f"{outcome.status}: {outcome.error}",
                       *(extras.get("loader_errors") or [None] * (len(pending) - 1))]
+            windows = [len(measurement.window_throughputs) if outcome.ok and measurement else 0,
+                       *(extras.get("loader_windows") or [0] * (len(pending) - 1))]
             seconds = round(outcome.wall_seconds / len(pending), 3)  # the process's seconds, shared
             records = []
-            for config, rate, error in zip(pending, rates, errors):
+            for config, rate, error, timed in zip(pending, rates, errors, windows):
                 records.append({"kind": "loader", "config": config.to_dict(), "config_key": _key(config),
-                                "rate": rate, "seconds": seconds, "batched": len(pending),
+                                "rate": rate, "seconds": seconds, "batched": len(pending), "windows": timed,
                                 "status": "ok" if rate is not None else outcome.status if not outcome.ok else "error",
                                 "error": error, "data_wait_fraction": None,
                                 "steps": measurement.steps if measurement else None, "extras": {}})

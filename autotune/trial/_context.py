@@ -18,6 +18,7 @@ from autotune._config import Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._compile_cache import compile_cache_record
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
+from autotune.search._predict import SLOW_VARIANT_SHARE
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
 
 
@@ -278,36 +279,45 @@ class TrialContext:
     def _probe_loaders(self, dataset: Any, options: dict[str, Any], kwargs: dict[str, Any]) -> None:
         """A loader probe: the config's loader, then each of ``loader_variants``, built on the dataset and
         iterated alone (``_measure_loader``). The config's windows are the probe's measurement; each
-        variant's median window rate, or why it could not be built, goes to ``extras``. Raises ProbeDone."""
+        variant's median window rate, or why it could not be built, goes to ``extras``. A variant whose first
+        window runs below ``SLOW_VARIANT_SHARE`` of the fastest before it stops there. Raises ProbeDone."""
         rates: list[Optional[float]] = []
         errors: list[Optional[str]] = []
+        windows: list[int] = []  # each variant's timed windows (1: it stopped as too slow)
+        fastest = 0.0
         for index, cfg in enumerate((self.config, *self.loader_variants)):
             built = self._loader_options(cfg, options, kwargs)
             recorder = self.recorder if index == 0 else WindowRecorder(self.device)
             try:
                 loader = self._device_loader(dataset, built, cfg if index else None) if cfg.loader == "device" else \
                     torch.utils.data.DataLoader(dataset, **built)
-                self._measure_loader(loader, cfg, recorder)
+                self._measure_loader(loader, cfg, recorder, stop_below=SLOW_VARIANT_SHARE * fastest if index else None)
             except Exception as exc:  # noqa: BLE001 - one variant's fault (a refusal, a worker's crash) is its own
                 if index == 0:
                     raise
                 rates.append(None)
                 errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                windows.append(0)
                 continue
             finally:
                 loader = None  # its workers end before the next variant's start
+            rate = statistics.median(w.throughput for w in recorder.windows)
+            fastest = max(fastest, rate)
             if index:
-                rates.append(statistics.median(w.throughput for w in recorder.windows))
+                rates.append(rate)
                 errors.append(None)
+                windows.append(len(recorder.windows))
         self.extras["probe"] = "loader"
         if self.loader_variants:
             self.extras["loader_rates"] = rates
             self.extras["loader_errors"] = errors
+            self.extras["loader_windows"] = windows
         raise ProbeDone("the loader probe measured its windows")
 
-    def _measure_loader(self, loader: Iterable[Any], cfg: TrialConfig, recorder: WindowRecorder) -> None:
+    def _measure_loader(self, loader: Iterable[Any], cfg: TrialConfig, recorder: WindowRecorder,
+                        stop_below: Optional[float] = None) -> None:
         """The trial's warm-up and timed windows of batches from ``loader`` alone (no model step, no device
-        copy), recorded in ``recorder``."""
+        copy), recorded in ``recorder``; only the first when its rate is below ``stop_below``."""
         steps, warmup, window_steps = self._plan()
         # Past the workers' start and their first prefetch, so the windows see the steady rate.
         warmup = max(warmup, 2 + cfg.num_workers * (cfg.prefetch_factor or 2))
@@ -329,7 +339,8 @@ class TrialContext:
                 began = time.perf_counter()
                 samples = batch_length(fetch())
                 recorder.add(samples, time.perf_counter() - began)
-            recorder.end_window()
+            if recorder.end_window().throughput < (stop_below or 0.0):
+                break
         del iterator
 
     def _device_loader(self, dataset: Any, options: dict[str, Any],

@@ -12,6 +12,10 @@ min(loader, step) and its error against the full trial. ``AUTOTUNE_BENCH_SIZE=ti
 ``--step compile=default,cuda_graphs=true`` gives every cell those step knobs too (the files then carry a
 ``-compiled`` style suffix taken from the knobs); the cells share one compile cache, as a study's trials do, so
 only the first compiles cold. ``--full-only`` skips the probes.
+
+Then one more loader probe measures all four loader configs in one process, as a study's loop does (the
+first config is the process's, the others its ``loader_variants``): its rates beside the separate probes', and
+its wall seconds against theirs summed.
 """
 
 from __future__ import annotations
@@ -72,7 +76,21 @@ def main() -> None:
         full = rates["full"]["rate"]
         rows.append({"pipeline": name, "config": config.to_dict(), **rates, "predicted": predicted,
                      "prediction_error": full / predicted - 1 if full and predicted else None})
-    (args.out / f"decomposed{tag}.json").write_text(json.dumps(rows, indent=1, default=str))
+    batched = None
+    if not args.full_only:
+        configs = [TrialConfig(precision=precision, batch_size=args.batch, **knobs, **step_knobs) for knobs in LOADERS.values()]
+        spec = TrialSpec(target=args.target, config=configs[0], budget=budget, seed=0, probe="loader",
+                         loader_variants=tuple(configs[1:]))
+        outcome = run_isolated(spec, workdir=args.out / f"logs{tag}" / "batched-loader", timeout=300)
+        m = outcome.measurement
+        extras = (m.extras or {}) if m else {}
+        batched = {"status": outcome.status, "error": outcome.error, "wall": outcome.wall_seconds,
+                   "rates": [m.throughput if m else None, *(extras.get("loader_rates") or [])],
+                   "errors": [None, *(extras.get("loader_errors") or [])],
+                   "separate_wall": sum(r["loader"].get("wall") or 0.0 for r in rows)}
+        print("batched loader probe", outcome.status, batched["rates"], round(outcome.wall_seconds, 1), flush=True)
+    (args.out / f"decomposed{tag}.json").write_text(json.dumps({"rows": rows, "batched_loader_probe": batched},
+                                                               indent=1, default=str))
     best_torch = max(r["full"]["rate"] or 0 for r in rows if r["pipeline"] != "device")
     device = next(r["full"]["rate"] or 0 for r in rows if r["pipeline"] == "device")
 
@@ -90,6 +108,13 @@ def main() -> None:
                      f"{lo['rate'] or 0:,.0f} | {st['rate'] or 0:,.0f} | {r['predicted'] or 0:,.0f} | "
                      f"{(r['prediction_error'] or 0):+.1%} |")
     lines += ["", f"`loader: device` against the best DataLoader config: {device / best_torch:.2f}x."]
+    if batched is not None:
+        lines += ["", f"One loader probe process for all {len(rows)} loader configs: {batched['status']}, "
+                  f"{batched['wall']:.1f} s wall against {batched['separate_wall']:.1f} s for the {len(rows)} separate "
+                  "loader probes.", "", "| loader | separate probe seq/s | in the one process seq/s |", "|---|---:|---:|"]
+        for r, rate, error in zip(rows, batched["rates"], batched["errors"]):
+            lines.append(f"| {r['pipeline']} | {r['loader']['rate'] or 0:,.0f} | "
+                         + (f"{rate:,.0f}" if rate else f"- ({error})") + " |")
     (args.out / f"decomposed{tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
