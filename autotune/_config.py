@@ -68,6 +68,10 @@ BATCH_POLICIES: tuple[str, ...] = ("fixed", "scale")
 STUDY_FIELDS: tuple[str, ...] = ("batch_policy", "global_batch", "processes_per_trial", "device_data_share")
 
 
+# In one loader probe, a variant whose first window runs below this share of the fastest variant measured
+# before it stops there: it cannot be the pick, and a slow loader would take the longest of all to measure.
+SLOW_VARIANT_SHARE = 0.5
+
 @dataclass(frozen=True)
 class TrialConfig:
     """One point of the search space: every knob autotune sets for a trial.

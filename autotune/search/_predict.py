@@ -13,6 +13,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Sequence, TypeVar
 
+from autotune._config import SLOW_VARIANT_SHARE  # the trial layer measures by it, below this one
+
 T = TypeVar("T")
 
 __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
@@ -24,9 +26,6 @@ INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input abo
 WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
 MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
 LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
-# In one loader probe, a variant whose first window runs below this share of the fastest variant measured
-# before it stops there: it cannot be the pick, and a slow loader would take the longest of all to measure.
-SLOW_VARIANT_SHARE = 0.5
 
 
 def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:

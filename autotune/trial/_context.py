@@ -14,11 +14,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 
 from autotune.trial import _copies, _distributed, _float8, _images, _knobs, _phase, _regions, _resident
-from autotune._config import Budget, Measurement, TrialConfig, bin_means
+from autotune._config import SLOW_VARIANT_SHARE, Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune.trial._compile_cache import compile_cache_record
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
-from autotune.search._predict import SLOW_VARIANT_SHARE
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
 
 
