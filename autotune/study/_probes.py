@@ -165,7 +165,7 @@ class LoaderProbes:
                 ui.say(f"  probe   loader  {rate or 0:>10,.1f}/s  {config.describe()}"
                        + (f"  [{error[:120]}]" if error else ""))
             records[0].update({"data_wait_fraction": measurement.data_wait_fraction if measurement else None,
-                               "extras": {k: v for k, v in extras.items() if k not in ("loader_rates", "loader_errors")}})
+                               "extras": {k: v for k, v in extras.items() if k not in ("loader_rates", "loader_errors", "loader_windows")}})
             self._record(records)
             done = self._done()
         return [done[f"loader:{_key(c)}"]["rate"] if f"loader:{_key(c)}" in done else None for c in configs]
