@@ -16,6 +16,7 @@ from autotune import Tuner
 from autotune._config import TrialConfig
 from autotune.study._isolation import run_isolated
 from autotune.search._predict import SLOW_VARIANT_SHARE
+from autotune.search._predict import MAX_LOADER_PROBES, loader_moves
 from autotune.study._probes import PREDICTED, PROBES, loader_variants, predict
 from autotune.search._space import parse_space
 from autotune.trial._execute import TrialSpec
@@ -132,10 +133,30 @@ def test_an_input_bound_study_probes_the_loader_apart_and_confirms_the_predictio
     assert split["parts"]["probes"] > 0 and abs(sum(split["parts"].values()) - split["wall"]) <= 0.05 * split["wall"]
 
 
-def test_loader_variants_move_one_loader_knob_each():
+def test_loader_variants_move_one_loader_knob_each_then_two_at_their_nearest_values():
     space = parse_space({"knobs": {"num_workers": [0, 2, 4], "pin_memory": [False, True], "precision": ["fp32", "bf16"]},
                          "baseline": {"batch_size": 32}})
     base = space.baseline
+    assert (base.num_workers, base.pin_memory) == (0, False)
     variants = loader_variants(space, base)
-    assert sorted((v.num_workers, v.pin_memory) for v in variants) == [(0, True), (2, False), (4, False)]
+    # Every single move first; then the pair, with the workers only at their nearest value (2, not 4).
+    assert [(v.num_workers, v.pin_memory) for v in variants] == [(2, False), (4, False), (0, True), (2, True)]
     assert all(v.precision == base.precision for v in variants)
+
+
+def test_loader_moves_pair_knobs_of_one_backend_and_stop_at_the_cap():
+    values = {"loader": ["torch", "device"], "num_workers": [0, 4, 8, 12, 16], "prefetch_factor": [2, 4],
+              "pin_memory": [False, True], "precision": ["fp32", "bf16"]}
+    current = {"loader": "torch", "num_workers": 8, "prefetch_factor": 4, "pin_memory": True, "precision": "bf16"}
+    moves = list(loader_moves(values, current))
+    singles = [m for m in moves if len(m) == 1]
+    assert moves[:len(singles)] == singles and len(singles) == 1 + 4 + 1 + 1  # every other value, one knob each
+    pairs = [m for m in moves if len(m) == 2]
+    assert len(moves) == len(singles) + len(pairs)
+    assert all("loader" not in m and "precision" not in m for m in pairs)
+    assert {m["num_workers"] for m in pairs if "num_workers" in m} == {4, 12}  # the nearest values only
+    assert {"num_workers": 12, "prefetch_factor": 2} in pairs
+    many = {"num_workers": list(range(0, 17, 2)), "prefetch_factor": [2, 4], "pin_memory": [False, True]}
+    space = parse_space({"knobs": many, "baseline": {"batch_size": 32}})
+    assert len(list(loader_moves(many, {**space.baseline.to_dict(), "num_workers": 8}))) > MAX_LOADER_PROBES
+    assert len(loader_variants(space, space.baseline.replace(num_workers=8))) == MAX_LOADER_PROBES

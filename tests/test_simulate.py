@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune import TableError, Tuner
-from autotune.search._predict import LOADER_KNOBS, SLOW_VARIANT_SHARE, WORTH, predict
+from autotune.search._predict import SLOW_VARIANT_SHARE, WORTH, loader_moves, predict
 from autotune.search._simulate import (CACHED_COMPILE_SHARE, ONE_WINDOW, NoisyLookup, ReplayProbes, ReplayTable, TrialClock, config_key,
                                       replay, replay_env, simulate)
 
@@ -152,7 +152,7 @@ def test_replayed_probes_choose_the_next_trial_and_charge_their_seconds(table):
     assert first == walked.measured[0] and inputs.lookup(first).data_wait_fraction >= 0.5  # the prior point waits
     # The next full trial is the loader variant min(loader, step) rates fastest, by at least WORTH.
     step = inputs.lookup(first).step_rate
-    variants = [{**first, k: v} for k in LOADER_KNOBS if k in inputs.names for v in inputs.values[k] if v != first[k]]
+    variants = [{**first, **move} for move in loader_moves(inputs.values, first)]
     rated = {json.dumps(v, sort_keys=True): predict(inputs.lookup(v).loader_rate, step) for v in variants[:12]}
     assert [k for k in first if first[k] != second[k]] == ["num_workers"]
     assert rated[json.dumps(second, sort_keys=True)] == max(rated.values()) >= WORTH * inputs.lookup(first).throughput
@@ -175,6 +175,34 @@ def test_replayed_probes_choose_the_next_trial_and_charge_their_seconds(table):
     trial_seconds = clock.charge(second, inputs.lookup(second))[0]  # its compile cached, as in the run
     assert probed.seconds[1] == pytest.approx(trial_seconds + step_seconds + start + windows, rel=1e-6)
     assert start + windows < 12 * start  # twelve processes would pay the start twelve times
+
+
+def test_replayed_probes_find_a_pair_of_loader_knobs_that_wins_only_together(tmp_path):
+    # Host memory holds 32 batches in flight: past it every worker slows down. From 8 workers prefetching 4,
+    # more workers alone is slower, and less prefetch alone no faster; both together are 50% faster.
+    def loader_rate(workers: int, prefetch: int, pinned: bool) -> float:
+        rate = 100.0 * max(workers, 0.8) * (1.0 if workers * prefetch <= 32 else 0.6)
+        return rate * (1.0 if pinned else 0.97)
+
+    rows = []
+    for precision, workers, prefetch, pinned in itertools.product(["fp32", "bf16"], [0, 4, 8, 12, 16], [2, 4],
+                                                                  [False, True]):
+        step = 5000.0 if precision == "bf16" else 2500.0
+        loader = loader_rate(workers, prefetch, pinned)
+        rate = min(loader, step)
+        rows.append({"params": {"precision": precision, "num_workers": workers, "prefetch_factor": prefetch,
+                                "pin_memory": pinned},
+                     "status": "ok", "throughput": rate, "loader_rate": loader, "step_rate": step,
+                     "data_wait_fraction": 1 - rate / step, "trial_seconds": 20 + 4096 / rate, "compile_seconds": 0.0})
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    inputs = ReplayTable.load(path)
+    probed = replay(inputs, "guided", trials=8, seed=0, probes=True)
+    walked = replay(inputs, "guided", trials=8, seed=0)
+    first = probed.measured[0]
+    assert (first["precision"], first["num_workers"], first["prefetch_factor"]) == ("bf16", 8, 4)
+    assert [(m["num_workers"], m["prefetch_factor"]) for m in probed.measured[1:3]] == [(12, 2), (16, 2)]
+    assert probed.trials_to_95 == 3 < walked.trials_to_95
 
 
 def test_simulate_rejects_bad_input_in_one_line(table, tmp_path):

@@ -9,9 +9,10 @@ The loader probes (``autotune.study._probes``) and ``autotune simulate`` share i
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence, TypeVar
+from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from autotune._config import SLOW_VARIANT_SHARE  # the trial layer measures by it, below this one
 
@@ -19,13 +20,44 @@ T = TypeVar("T")
 
 __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
            "best_predicted",
-           "correction_of", "predict", "prediction_error_summary"]
+           "correction_of", "loader_moves", "predict", "prediction_error_summary"]
 
 # When the loop probes, shared with the replay so that ``simulate`` measures what a study does.
 INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
 WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
 MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
 LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+def loader_moves(values: Mapping[str, Sequence[Any]], current: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """The loader probes' moves from ``current``, as the knobs to change: each other value of each loader knob
+    in ``values`` (``LOADER_KNOBS`` order), then two knobs of the current backend at once, with a numeric
+    knob only at its nearest values on either side.
+
+    Loader knobs interact: more workers, each prefetching more batches, can run out of host memory or cores,
+    so the workers can win only with less prefetch, a move neither wins alone (replayed in
+    benchmarks/results/search.md, round 5). A probe costs a window, not a full trial, so the pairs are cheap.
+    """
+    knobs = [k for k in LOADER_KNOBS if k in values and k in current]
+    for knob in knobs:
+        for value in values[knob]:
+            if value != current[knob]:
+                yield {knob: value}
+    # Not the backend: another backend's own knobs replace the DataLoader's, so a pair with it is its single.
+    near = {k: _nearest(values[k], current[k]) for k in knobs if k != "loader"}
+    for first, second in itertools.combinations(near, 2):
+        for a, b in itertools.product(near[first], near[second]):
+            yield {first: a, second: b}
+
+
+def _nearest(values: Sequence[Any], current: Any) -> list[Any]:
+    """The other values of a knob; of numbers only the nearest below and above ``current``."""
+    others = [v for v in values if v != current]
+    if not others or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in [*others, current]):
+        return others
+    below = [v for v in others if v < current]
+    above = [v for v in others if v > current]
+    return ([max(below)] if below else []) + ([min(above)] if above else [])
 
 
 def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:

@@ -40,7 +40,7 @@ from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, SLOW_VARIANT_SHARE, PredictionError,
-                                      best_predicted, correction_of, predict, prediction_error_summary)
+                                      best_predicted, correction_of, loader_moves, predict, prediction_error_summary)
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
@@ -315,7 +315,6 @@ class ReplayProbes:
 
     def __init__(self, table: ReplayTable, lookup: "NoisyLookup", seed: int) -> None:
         self.table, self.lookup, self._rng = table, lookup, random.Random(seed)
-        self.knobs = [k for k in LOADER_KNOBS if k in table.names]
         self._done: dict[str, Optional[float]] = {}
         self.pairs: list[tuple[float, float]] = []  # (measured, predicted) of the full trials probes chose
         self.process_seconds, self.samples = _cost_parts(table)
@@ -345,11 +344,10 @@ class ReplayProbes:
                measured: set[str]) -> tuple[Optional[tuple[float, dict[str, Any]]], float]:
         """((predicted, config) to run next or None, probe seconds) for an input-bound incumbent."""
         variants: list[dict[str, Any]] = []
-        for knob in self.knobs:
-            for value in self.table.values[knob]:
-                variant = {**incumbent, knob: value}
-                if value != incumbent[knob] and variant not in variants:
-                    variants.append(variant)
+        for move in loader_moves(self.table.values, incumbent):
+            variant = {**incumbent, **move}
+            if variant not in variants:
+                variants.append(variant)
         variants = [v for v in variants[:MAX_LOADER_PROBES] if _key(v) not in measured]
         if not variants:
             return None, 0.0

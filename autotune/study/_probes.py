@@ -3,9 +3,9 @@
 A full trial measures the loader and the model together, so tuning the loader by full trials compiles and
 runs a model that mostly waits. When a trial waits on its input (``INPUT_BOUND``), the loop instead probes:
 
-- a *loader probe* of the loader variants of the incumbent (each other value of each loader knob): the user's
-  ``train_fn`` runs once up to ``ctx.loader``, which builds each variant's loader on the same dataset in turn
-  and iterates it alone for the trial's warm-up and windows, with no model step, no compile and no device
+- a *loader probe* of the loader variants of the incumbent (each other value of each loader knob, then two
+  knobs at once: ``loader_moves``): the user's ``train_fn`` runs once up to ``ctx.loader``, which builds each
+  variant's loader on the same dataset in turn and iterates it alone for the trial's warm-up and windows, with no model step, no compile and no device
   work (``trial/_context``); a variant whose first window runs below ``SLOW_VARIANT_SHARE`` of the fastest
   before it stops there. One process for all of them: a probe process's start and the script up to its
   loader cost more than a variant's windows, so probes in separate processes cost more than the full trials
@@ -31,7 +31,7 @@ import optuna
 
 from autotune._config import TrialConfig
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
-                                       correction_of, predict)
+                                       correction_of, loader_moves, predict)
 from autotune.search._space import SearchSpace
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._progress import _Progress
@@ -44,21 +44,18 @@ __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PREDICTED", "PRO
 
 
 def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig]:
-    """The incumbent with one loader knob moved to each of its other values, runnable here, the most
-    likely levers first (the loader backend, then the workers)."""
+    """The incumbent with its loader knobs moved (``loader_moves``: one knob to each of its other values, the
+    most likely levers first, then two at once), runnable here, at most ``MAX_LOADER_PROBES``."""
+    values = {knob: spec.values for knob, spec in space.knobs.items()}
     variants: list[TrialConfig] = []
-    for knob in LOADER_KNOBS:
-        spec = space.knobs.get(knob)
-        if spec is None:
+    for move in loader_moves(values, config.to_dict()):
+        candidate = _within_space(space, config.replace(**move))
+        if candidate == config or space.cannot_run(candidate.to_dict()) or candidate in variants:
             continue
-        for value in spec.values:
-            if value == getattr(config, knob):
-                continue
-            candidate = _within_space(space, config.replace(**{knob: value}))
-            if space.cannot_run(candidate.to_dict()) or candidate in variants:
-                continue
-            variants.append(candidate)
-    return variants[:MAX_LOADER_PROBES]
+        variants.append(candidate)
+        if len(variants) == MAX_LOADER_PROBES:
+            break
+    return variants
 
 
 def _within_space(space: SearchSpace, config: TrialConfig) -> TrialConfig:
