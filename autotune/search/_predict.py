@@ -31,8 +31,8 @@ LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persi
 
 def loader_moves(values: Mapping[str, Sequence[Any]], current: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """The loader probes' moves from ``current``, as the knobs to change: each other value of each loader knob
-    in ``values`` (``LOADER_KNOBS`` order), then two knobs of the current backend at once, with a numeric
-    knob only at its nearest values on either side.
+    in ``values`` (``LOADER_KNOBS`` order; numbers nearest first), then two knobs of the current backend at
+    once, with a numeric knob only at its nearest values on either side.
 
     Loader knobs interact: more workers, each prefetching more batches, can run out of host memory or cores,
     so the workers can win only with less prefetch, a move neither wins alone (replayed in
@@ -40,24 +40,26 @@ def loader_moves(values: Mapping[str, Sequence[Any]], current: Mapping[str, Any]
     """
     knobs = [k for k in LOADER_KNOBS if k in values and k in current]
     for knob in knobs:
-        for value in values[knob]:
-            if value != current[knob]:
-                yield {knob: value}
+        for value in _by_distance(values[knob], current[knob]):
+            yield {knob: value}
     # Not the backend: another backend's own knobs replace the DataLoader's, so a pair with it is its single.
-    near = {k: _nearest(values[k], current[k]) for k in knobs if k != "loader"}
+    near = {k: _by_distance(values[k], current[k], nearest=True) for k in knobs if k != "loader"}
     for first, second in itertools.combinations(near, 2):
         for a, b in itertools.product(near[first], near[second]):
             yield {first: a, second: b}
 
 
-def _nearest(values: Sequence[Any], current: Any) -> list[Any]:
-    """The other values of a knob; of numbers only the nearest below and above ``current``."""
+def _by_distance(values: Sequence[Any], current: Any, *, nearest: bool = False) -> list[Any]:
+    """The other values of a knob; numbers nearest ``current`` first, the one above before the one below
+    (``nearest``: only those two). A far value is the likeliest to run far slower, and measured after a
+    faster one it stops after its first window (``SLOW_VARIANT_SHARE``)."""
     others = [v for v in values if v != current]
-    if not others or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in [*others, current]):
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in [*others, current]):
         return others
-    below = [v for v in others if v < current]
-    above = [v for v in others if v > current]
-    return ([max(below)] if below else []) + ([min(above)] if above else [])
+    ladder = sorted({*others, current})
+    here = ladder.index(current)
+    ranked = sorted(others, key=lambda v: (abs(ladder.index(v) - here), ladder.index(v) < here))
+    return [v for v in ranked if abs(ladder.index(v) - here) == 1] if nearest else ranked
 
 
 def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:
