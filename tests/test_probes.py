@@ -160,3 +160,7 @@ def test_loader_moves_pair_knobs_of_one_backend_and_stop_at_the_cap():
     space = parse_space({"knobs": many, "baseline": {"batch_size": 32}})
     assert len(list(loader_moves(many, {**space.baseline.to_dict(), "num_workers": 8}))) > MAX_LOADER_PROBES
     assert len(loader_variants(space, space.baseline.replace(num_workers=8))) == MAX_LOADER_PROBES
+    # Without workers, prefetch and persistence change nothing a trial runs: no variant moves only them there.
+    idle = [v for v in loader_variants(space, space.baseline.replace(num_workers=0)) if v.num_workers == 0]
+    assert [(v.pin_memory, v.prefetch_factor, v.persistent_workers) for v in idle] == [
+        (not space.baseline.pin_memory, space.baseline.prefetch_factor, space.baseline.persistent_workers)]

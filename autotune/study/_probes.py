@@ -48,10 +48,15 @@ def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig
     most likely levers first, then two at once), runnable here, at most ``MAX_LOADER_PROBES``."""
     values = {knob: spec.values for knob, spec in space.knobs.items()}
     variants: list[TrialConfig] = []
+    # Keyed by what a trial would run: prefetch and persistence mean nothing without workers, so a move of
+    # them at zero workers is the config it started from.
+    runs = {_key_of(space.asked_params(config.to_dict()))}
     for move in loader_moves(values, config.to_dict()):
         candidate = _within_space(space, config.replace(**move))
-        if candidate == config or space.cannot_run(candidate.to_dict()) or candidate in variants:
+        key = _key_of(space.asked_params(candidate.to_dict()))
+        if key in runs or space.cannot_run(candidate.to_dict()):
             continue
+        runs.add(key)
         variants.append(candidate)
         if len(variants) == MAX_LOADER_PROBES:
             break
@@ -78,7 +83,11 @@ def correction(study: optuna.Study) -> float:
 
 
 def _key(config: TrialConfig) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True, default=str)
+    return _key_of(config.to_dict())
+
+
+def _key_of(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
 
 
 class LoaderProbes:
