@@ -9,6 +9,7 @@ family's summary: the median over every run, the worst run, and how many tables 
 ``--first-seed 1000`` replays a held-out family; ``--no-row-noise`` the same tables without the per-row noise
 baked into them, so 95% is of the model's best rather than of a line that noise lifted (the replay's own
 ``--noise`` still applies); ``--probes`` with the loop's loader probes (``ReplayProbes``) for every strategy.
+The issue's bar is read with both, as a study runs (benchmarks/results/search.md, round 5).
 """
 
 from __future__ import annotations
