@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
            "best_predicted",
-           "correction_of", "loader_moves", "predict", "prediction_error_summary"]
+           "correction_of", "loader_moves", "nearest_first", "predict", "prediction_error_summary"]
 
 # When the loop probes, shared with the replay so that ``simulate`` measures what a study does.
 INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
@@ -49,17 +49,26 @@ def loader_moves(values: Mapping[str, Sequence[Any]], current: Mapping[str, Any]
             yield {first: a, second: b}
 
 
+def nearest_first(others: Sequence[Any], current: Any, *, downward: bool = False) -> list[Any]:
+    """Numbers ``others`` by their distance from ``current`` on the ladder of values (not in absolute terms:
+    batch sizes grow geometrically), the one above before the one below (below first with ``downward``)."""
+    ladder = sorted({*others, current})
+    here, sign = ladder.index(current), (1 if downward else -1)
+    return sorted(others, key=lambda v: (abs(ladder.index(v) - here), sign * (ladder.index(v) - here)))
+
+
 def _by_distance(values: Sequence[Any], current: Any, *, nearest: bool = False) -> list[Any]:
-    """The other values of a knob; numbers nearest ``current`` first, the one above before the one below
-    (``nearest``: only those two). A far value is the likeliest to run far slower, and measured after a
-    faster one it stops after its first window (``SLOW_VARIANT_SHARE``)."""
+    """The other values of a knob; numbers nearest ``current`` first (``nearest``: only the one above and the
+    one below). A far value is the likeliest to run far slower, and measured after a faster one it stops
+    after its first window (``SLOW_VARIANT_SHARE``)."""
     others = [v for v in values if v != current]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in [*others, current]):
         return others
-    ladder = sorted({*others, current})
-    here = ladder.index(current)
-    ranked = sorted(others, key=lambda v: (abs(ladder.index(v) - here), ladder.index(v) < here))
-    return [v for v in ranked if abs(ladder.index(v) - here) == 1] if nearest else ranked
+    if not nearest:
+        return nearest_first(others, current)
+    above = [v for v in others if v > current]
+    below = [v for v in others if v < current]
+    return ([min(above)] if above else []) + ([max(below)] if below else [])
 
 
 def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: float = 1.0) -> Optional[float]:

@@ -68,6 +68,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search._cost import CostModel, CostSample, is_priced, sample_from_attrs
 from autotune.search._compile import slow_compile_modes
+from autotune.search._predict import nearest_first
 from autotune.search._rules import infeasible_reason
 
 # Most promising value first. Numeric knobs without a prior start at the upper median of their values.
@@ -718,10 +719,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return preferred + [v for v in values if v not in preferred]
         if not (_is_number(current) and all(_is_number(v) for v in values)):
             return values
-        ladder = sorted([*values, current])
-        here, sign = ladder.index(current), (1 if downward else -1)
-        # Nearest on the ladder of values (not in absolute terms: batch sizes grow geometrically).
-        return sorted(values, key=lambda v: (abs(ladder.index(v) - here), sign * (ladder.index(v) - here)))
+        return nearest_first(values, current, downward=downward)
 
     def _clearly_worse(self, seen: list[_Seen]) -> set[tuple[str, Any, Any]]:
         """(knob, value, other value) where a measured pair differing only in that knob shows ``value``

@@ -5,12 +5,13 @@ runs a model that mostly waits. When a trial waits on its input (``INPUT_BOUND``
 
 - a *loader probe* of the loader variants of the incumbent (each other value of each loader knob, then two
   knobs at once: ``loader_moves``): the user's ``train_fn`` runs once up to ``ctx.loader``, which builds each
-  variant's loader on the same dataset in turn and iterates it alone for the trial's warm-up and windows, with no model step, no compile and no device
-  work (``trial/_context``); a variant whose first window runs below ``SLOW_VARIANT_SHARE`` of the fastest
-  before it stops there. One process for all of them: a probe process's start and the script up to its
-  loader cost more than a variant's windows, so probes in separate processes cost more than the full trials
-  they save (benchmarks/results/search.md). They run one after another, not beside the step probe: a
-  loader variant with workers would measure the cores the step probe's launches also use;
+  variant's loader on the same dataset in turn and iterates it alone for the trial's warm-up and windows, with
+  no model step, no compile and no device work (``trial/_context``); a variant whose first window runs below
+  ``SLOW_VARIANT_SHARE`` of the fastest before it stops there. One process for all of them: a probe process's
+  start and the script up to its loader cost more than a variant's windows, so probes in separate processes
+  cost more than the full trials they save (benchmarks/results/search.md). They run one after another, not
+  beside the step probe: a loader variant with workers would measure the cores the step probe's launches also
+  use;
 - one *step probe* of the incumbent: a few real batches kept on the device and replayed through the same
   step, so no step waits on the loader.
 
