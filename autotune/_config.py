@@ -6,7 +6,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 # "fp8": bf16 autocast plus torchao's float8 training on the linear layers that its size check converts
 # (autotune/trial/_float8.py); it needs torch.compile for the fused casts, and a GPU of compute capability 8.9+.
@@ -298,10 +298,28 @@ class Budget:
     samples: int = 8192
     warmup_steps: int = 5
     windows: int = 3
+    # Set by the study, never by a space (see SPACE_FIELDS). ``seconds``: a run's share of a study's budget,
+    # counted from the trial context's creation; ``ctx.batches`` shortens the timed windows (and so the
+    # samples trained) to end inside it, and records the length it trained. ``schedule_samples``: the length
+    # ``ctx.optimizer_steps`` reports when runs train fewer ``samples`` than that (every run after a
+    # shortened reference), so a schedule spans the same steps in every run and the trajectories stay paired.
+    seconds: Optional[float] = None
+    schedule_samples: Optional[int] = None
+
+    SPACE_FIELDS: ClassVar[tuple[str, ...]] = ("samples", "warmup_steps", "windows")
 
     def __post_init__(self) -> None:
         if self.samples <= 0 or self.warmup_steps < 0 or self.windows < 3:
             raise ValueError("budget needs samples > 0, warmup_steps >= 0 and windows >= 3")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError("budget.seconds must be positive")
+        if self.schedule_samples is not None and self.schedule_samples < self.samples:
+            raise ValueError("budget.schedule_samples must be at least its samples")
+
+    @property
+    def scheduled(self) -> int:
+        """The samples a run's schedule spans (``ctx.optimizer_steps``): ``schedule_samples``, else ``samples``."""
+        return self.schedule_samples or self.samples
 
     def steps_for(self, batch_size: int) -> int:
         return self.samples // batch_size

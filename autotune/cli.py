@@ -60,6 +60,10 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
     p.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
                    help="accuracy loss allowed beyond the reference noise band (default 0.01)")
     p.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
+    p.add_argument("--fresh-references", action="store_true",
+                   help="run the fp32 references even where an earlier study of the same target, baseline, length, "
+                        "seeds, torch and device kept them (they are reused by default; what the study cannot see, "
+                        "such as changed data files, is yours to flag with this)")
     p.add_argument("--baseline", metavar="KNOB=VALUE,...",
                    help="the untuned config as your script trains it, e.g. batch_size=32,precision=fp32: it "
                         "overrides the space's baseline (knobs not named keep the space's); under the fixed batch "
@@ -219,6 +223,7 @@ _TUNER_OPTIONS = {
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
     "baseline": "baseline", "nproc_per_trial": "processes_per_trial", "mps": "mps", "batch_size": "batch_size",
+    "fresh_references": "fresh_references",
 }
 
 
@@ -468,9 +473,11 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
                       markup=False, highlight=False, soft_wrap=True)
     split = _document(result).get("time_split")
     if split:
-        from autotune.insight._report import format_split
+        from autotune.insight._report import format_split, plan_lines
 
         say(f"Where the minutes went: {format_split(split)}.")
+        for line in plan_lines(split):
+            say(line)
     console.print(f"Best config written to {escape(str(result.best_config_path))}")
     from autotune.study._storage import default_storage_url, mask_url
 

@@ -329,3 +329,49 @@ def test_schedule_lengths_come_from_the_trial_plan() -> None:
         outside.optimizer_steps
     outside.loader(_indices(100))
     assert outside.optimizer_steps == 3 and outside.warmup_steps == 0  # one epoch, the last batch dropped
+
+
+def test_a_time_share_shortens_the_windows_and_keeps_the_schedule_length() -> None:
+    """A run with ``Budget.seconds`` measures its step time in its first window, then shortens every window to
+    end inside the share; ``ctx.optimizer_steps`` (a schedule's length) stays the budget's, and the run
+    records the length it trained, which a later run at ``schedule_samples`` trains exactly."""
+    import time
+
+    budget = Budget(samples=32 * 400, warmup_steps=2, windows=3, seconds=1.5)
+    ctx = TrialContext(config=TrialConfig(batch_size=32), budget=budget, device=CPU)
+    step = _step(ctx)
+    scheduled = ctx.optimizer_steps
+    steps = 0
+    for inputs, targets in ctx.batches(ctx.loader(workloads.dataset(512))):
+        time.sleep(0.01)  # 400 steps would take 4 s: three times the share
+        step(inputs, targets)
+        steps += 1
+    assert scheduled == 400 and ctx.optimizer_steps == 400
+    shortened = ctx.extras["shortened"]
+    assert steps < 400 and shortened["samples"] == steps * 32 and shortened["from_samples"] == 400 * 32
+    windows = [w.steps for w in ctx.recorder.windows]
+    assert len(windows) == 3 and len(set(windows)) == 1 and steps == 2 + 3 * windows[0]
+
+    again = TrialContext(config=TrialConfig(batch_size=32), device=CPU,
+                         budget=Budget(samples=shortened["samples"], schedule_samples=400 * 32, warmup_steps=2,
+                                       windows=3))
+    assert again.optimizer_steps == 400
+    step = _step(again)
+    assert sum(1 for batch in again.batches(again.loader(workloads.dataset(512))) if step(*batch) or True) == steps
+    assert "shortened" not in again.extras
+
+
+def test_the_reference_adopts_the_scripts_batch_unless_a_length_was_read_first() -> None:
+    """``adopt_script_batch``: ``ctx.loader(batch_size=16)`` makes the run's batch 16 when nothing read so far
+    depended on the batch; after ``ctx.optimizer_steps`` it keeps the config's and only records the script's."""
+    budget = Budget(samples=640, warmup_steps=1, windows=3)
+    ctx = TrialContext(config=TrialConfig(batch_size=32), budget=budget, device=CPU, adopt_script_batch=True)
+    loader = ctx.loader(workloads.dataset(512), batch_size=16)
+    assert ctx.config.batch_size == 16 and ctx.extras["batch_adopted"] == 16 and ctx.lr_scale == 1.0
+    assert next(iter(loader))[0].shape[0] == 16 and ctx.optimizer_steps == 40
+
+    read_first = TrialContext(config=TrialConfig(batch_size=32), budget=budget, device=CPU, adopt_script_batch=True)
+    assert read_first.optimizer_steps == 20
+    read_first.loader(workloads.dataset(512), batch_size=16)
+    assert read_first.config.batch_size == 32 and "batch_adopted" not in read_first.extras
+    assert read_first.extras["script_batch_size"] == 16

@@ -183,6 +183,7 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         lines.append(race)
     if attrs.get("time_split"):
         lines.append(f"Where the minutes went: {format_split(attrs['time_split'])}.")
+        lines.extend(plan_lines(attrs["time_split"]))
     removed = attrs.get("removed_knobs") or {}
     if removed:
         lines.append("Removed by the capability probe: " + "; ".join(f"`{k}` ({v})" for k, v in removed.items()) + ".")
@@ -230,6 +231,30 @@ def format_split(split: Mapping[str, Any]) -> str:
     head = f"{wall:.0f} s" + (f" of a {budget / 60:g}-minute budget" if budget else "")
     tail = f"; unaccounted {split['unaccounted']:.1f} s" if abs(split.get("unaccounted", 0.0)) >= 0.5 else ""
     return f"{head}: " + ", ".join(shown) + tail
+
+
+def plan_lines(split: Mapping[str, Any]) -> list[str]:
+    """What the study's order did with its minutes (from the split: see ``Tuner._record_split``): when the
+    first faster config was measured, references reused or shortened, and why probes ran or did not."""
+    lines = []
+    first, budget = split.get("first_faster"), split.get("budget")
+    if isinstance(first, dict) and first.get("seconds") is not None:
+        share = f", {first['seconds'] / budget:.0%} of the budget" if budget else ""
+        lines.append(f"First faster config: trial #{first.get('trial')} at {first.get('speedup', 0):.2f}x, measured "
+                     f"{first['seconds']:.0f} s into the study{share}.")
+    elif "first_faster" in split:
+        lines.append("First faster config: none measured.")
+    reused = split.get("references_reused")
+    if isinstance(reused, dict):
+        lines.append(f"References: reused from study {reused.get('study')!r} ({reused.get('created')}), 0 s.")
+    shortened = split.get("references_shortened")
+    if isinstance(shortened, dict) and shortened.get("samples"):
+        lines.append(f"Shortened evidence: the fp32 references and every trial trained {shortened['samples']:,} of "
+                     f"the space's {shortened.get('from_samples', 0):,} samples (the references' share of the budget), "
+                     "the schedule spanning the full length; the verdicts stay paired.")
+    if split.get("probes_why"):
+        lines.append(f"Probes: {split['probes_why']}.")
+    return lines
 
 
 def best_hint(study: optuna.Study, diagnoses: dict[int, Diagnosis], result: Any = None) -> str:

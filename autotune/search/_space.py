@@ -195,7 +195,7 @@ class SearchSpace:
         data: dict[str, Any] = {
             "knobs": {k: v.to_dict() for k, v in sorted(knobs.items())},
             "baseline": baseline,
-            "budget": dataclasses.asdict(self.budget),
+            "budget": {k: getattr(self.budget, k) for k in Budget.SPACE_FIELDS},
             "batch_policy": self.batch_policy,
         }
         if self.batch_policy == "fixed":
@@ -585,7 +585,7 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
     raw_budget = data.get("budget") or {}
     if not isinstance(raw_budget, dict):
         raise SpaceError(f"{where}: 'budget' must be a mapping")
-    budget_fields = {f.name for f in dataclasses.fields(Budget)}
+    budget_fields = set(Budget.SPACE_FIELDS)  # a run's time share and schedule are the study's to set
     for key, value in raw_budget.items():
         if key not in budget_fields:
             raise SpaceError(f"{where}: budget.{key}: unknown key (known: {', '.join(sorted(budget_fields))})")

@@ -24,7 +24,9 @@ from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
-from autotune.study._probes import INPUT_BOUND, LoaderProbes, prediction_error
+from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView, first_faster,
+                                     next_action, over_budget_reason, view_of)
+from autotune.study._probes import LoaderProbes, prediction_error
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
@@ -39,6 +41,7 @@ INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault
 # Proposals in a row that the budget had no time for before the search ends: a cheaper config (no
 # compile, say) may still fit after an expensive one did not.
 OVER_BUDGET_LIMIT = 3
+PLAN_KEPT = 200  # the planner's decisions a study keeps (the newest)
 
 
 def fail_heartbeat_stale(study: optuna.Study) -> None:
@@ -105,6 +108,7 @@ class TrialLoop:
         self.top_k = top_k
         self.probes = LoaderProbes(study=study, space=space, runner=runner, clock=self.clock, seed=seed) if probes else None
         self.budget_note = ""  # why the budget ended the search, when it did
+        self._probed: set[int] = set()  # incumbents whose probes this loop ran (or tried to: they may not fit)
         self.ran: list[int] = []  # trials this loop ran a process for (the time split reads their records)
         self.sampler_done = False
         self._implied = 0  # configs the last out-of-memory ruled out (_record_implied_oom), to report
@@ -114,19 +118,23 @@ class TrialLoop:
         self._infra_error = ""  # the last infrastructure failure's, for the line that stops the run
 
     def run(self, ui: _Progress) -> None:
-        """Run trials until the budget, the timeout or the space is exhausted."""
+        """Run what the planner says next (``_planner.next_action``) until it says stop, or the timeout or
+        the space is exhausted."""
         study, ruled_out, infra, over_budget = self.study, 0, 0, 0
         ui.set_best(_best_record(study))
         ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
-        self._probe_if_input_bound(ui)  # trial 0, the reference run, may already wait on its input
         while not self.sampler_done:
             self._recover_stale()
-            if self.finished_count() >= self.n_trials:
-                break
             if self.timeout is not None and time.monotonic() - self.started > self.timeout:
                 break
-            if self._out_of_budget():
+            decision = self.decide()
+            if decision.action == STOP:
+                if self.finished_count() < self.n_trials:
+                    self.budget_note = self.budget_note or decision.reason
                 break
+            if decision.action == PROBE:
+                self._probe(ui)
+                continue
             if self._live_count() >= self.n_trials:
                 ui.status("waiting for the trials other workers are running")
                 time.sleep(2.0)
@@ -136,7 +144,7 @@ class TrialLoop:
                 break
             ended = self._run_one(ui)
             if ended == "ok":
-                self._probe_if_input_bound(ui)
+                self._note_first_faster()
             infra = infra + 1 if ended == "infra" else 0
             if infra >= INFRA_LIMIT:
                 # Not the last trial's: that is the failed one's retry, still waiting.
@@ -152,30 +160,51 @@ class TrialLoop:
             if over_budget >= OVER_BUDGET_LIMIT or ended == "budget":
                 break
 
-    def _probe_if_input_bound(self, ui: _Progress) -> None:
-        """When the best trial so far waits on its input, measure its loader variants apart (``_probes``)
-        and enqueue the one they predict fastest, instead of walking the loader knobs by full trials."""
+    def view(self) -> StudyView:
+        """The study's records and clock as the planner reads them."""
+        repeats = self.references.options.reference_repeats
+        return view_of(self.study, knobs={k: v.values for k, v in self.space.knobs.items()}, n_trials=self.n_trials,
+                       clock=self.clock, probes=self.probes is not None,
+                       race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
+                       probed=lambda best: best.number in self._probed or (
+                           self.probes is not None and self.probes.probed(best.config)),
+                       references_done=repeats, reference_repeats=repeats)  # the loop starts after them
+
+    def decide(self) -> Decision:
+        """The planner's next action for this study, recorded in ``PLAN`` when it is a new one."""
+        decision = next_action(self.view())
+        record = {**decision.to_dict(), "at": round(self.clock.elapsed(), 1)}
+        plan = self.study.user_attrs.get(PLAN) or []
+        last = plan[-1] if plan else {}
+        if (last.get("action"), last.get("reason")) != (decision.action, decision.reason):
+            try:
+                self.study.set_user_attr(PLAN, [*plan, record][-PLAN_KEPT:])
+            except Exception as exc:  # the record must never cost the study its next run
+                warnings.warn(f"the plan was not stored: {exc}", stacklevel=2)
+        return decision
+
+    def _probe(self, ui: _Progress) -> None:
+        """Measure the incumbent's loader variants apart (``_probes``) and enqueue the one they predict
+        fastest, instead of walking the loader knobs by full trials."""
         best = _best_record(self.study)
-        if self.probes is None or best is None or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            return
-        attrs = self.study.trials[best.number].user_attrs
-        if (attrs.get("data_wait_fraction") or 0.0) < INPUT_BOUND or not attrs.get("extra:loader_built"):
-            return  # not input-bound, or its loader is not ctx.loader's (a probe could not isolate it)
+        assert best is not None and self.probes is not None
+        self._probed.add(best.number)
         keep = race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0
         self.probes.run(best.config, best.throughput, ui, keep=keep)
 
-    def _out_of_budget(self) -> bool:
-        """Under a budget: whether not even the shortest run fits beside the race any more. Checked before
-        every proposal, since a duplicate costs no run and would otherwise be asked for past the deadline."""
-        if not self.clock.budgeted:
-            return False
-        reserve = race_seconds(self.study, self.top_k, self.runner.budget)
-        if self.clock.fits(MIN_RUN_S, keep=reserve):
-            return False
-        self.budget_note = self.budget_note or (
-            f"the study's budget had {max(0.0, self.clock.usable()):.0f} s left, the race of the finalists needs "
-            f"{reserve:.0f} s")
-        return True
+    def _note_first_faster(self) -> None:
+        """Record when this study first measured a feasible config faster than the baseline (``FIRST_FASTER``)."""
+        study = self.study
+        if study.user_attrs.get(FIRST_FASTER):
+            return
+        trials = [{**t.user_attrs, "number": t.number} for t in study.get_trials(deepcopy=False)
+                  if t.state == TrialState.COMPLETE and t.user_attrs.get("role") != "reference"]
+        found = first_faster(trials, float(study.user_attrs.get("baseline_throughput") or 0.0))
+        if found is not None:
+            found["seconds"] = round(self.clock.elapsed(), 1)
+            found["budget_share"] = (round(found["seconds"] / self.clock.budget_seconds, 3)
+                                     if self.clock.budget_seconds else None)
+            study.set_user_attr(FIRST_FASTER, found)
 
     def _run_one(self, ui: _Progress) -> str:
         """Ask for one config and run it; returns how it ended ("infeasible" when the memory rule, or a
@@ -249,9 +278,8 @@ class TrialLoop:
         if self.clock.budgeted:
             reserve = race_seconds(study, self.top_k, self.runner.budget)
             predicted = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
-            if not self.clock.fits(predicted, keep=reserve):
-                why = (f"not run: the study's budget had {max(0.0, self.clock.usable()):.0f} s left, this trial needs "
-                       f"about {predicted:.0f} s and the race of the finalists {reserve:.0f} s")
+            why = over_budget_reason(predicted, usable_seconds=self.clock.usable(), race_seconds=reserve)
+            if why:
                 self._prune_infeasible(trial, config, why, status=OVER_BUDGET)
                 ui.ruled_out(trial.number, config, why)
                 self.budget_note = why

@@ -158,12 +158,15 @@ class AccuracyOptions:
             is given; ``"baseline"`` leaves the policy to decide.
         reference_repeats: fp32 reference runs with different seeds, for the baseline and for each batch
             size in ``"batch"`` mode; two or more give each reference its noise band.
+        fresh_references: Run the fp32 references even where an earlier study of the same target stored
+            ones that nothing they depend on has changed since (``_stored``).
     """
 
     max_accuracy_loss: float = DEFAULT_MAX_ACCURACY_LOSS
     metric_direction: str = "maximize"
     accuracy_reference: str = "baseline"
     reference_repeats: int = 2
+    fresh_references: bool = False
 
     def __post_init__(self) -> None:
         if self.metric_direction not in ("maximize", "minimize"):

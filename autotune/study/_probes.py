@@ -198,6 +198,12 @@ class LoaderProbes:
                f"correction x{factor:.2f}): its full trial is next")
         return variant
 
+    def probed(self, config: TrialConfig) -> bool:
+        """Whether ``config``'s probes ran already (its step probe is stored), or none is left to run."""
+        if f"step:{_key(config)}" in self._done():
+            return True
+        return not [v for v in loader_variants(self.space, config) if not self._measured(v)]
+
     def _measured(self, config: TrialConfig) -> bool:
         key = self.space.asked_params(config.to_dict())
         return any(t.params == key for t in self.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE")

@@ -8,12 +8,13 @@ does not fit in memory runs at a micro-batch that does, with gradient accumulati
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional, Sequence
 
 import optuna
 
-from autotune._config import Measurement, TrialConfig, TrialOutcome, bin_means
+from autotune._config import Budget, Measurement, TrialConfig, TrialOutcome, bin_means
 from autotune._errors import StudyError, WorkloadError
 from autotune._records import (
     BATCH_REFERENCE,
@@ -24,11 +25,27 @@ from autotune._records import (
 )
 from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
+from autotune.study._planner import reference_seconds
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
 
 CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
+TRIAL_BUDGET = "trial_budget"  # study attribute: the length every run trains (the references' shortened one)
+
+
+def trial_budget_record(budget: Budget) -> dict[str, Any]:
+    """What a study stores of its runs' length, for a resume or a joining worker (``apply_trial_budget``)."""
+    return {"samples": budget.samples, "schedule_samples": budget.schedule_samples}
+
+
+def apply_trial_budget(budget: Budget, stored: Any) -> Budget:
+    """``budget`` at the length a study stored (``trial_budget_record``); unchanged when none was stored."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("samples"), int):
+        return budget
+    schedule = stored.get("schedule_samples")
+    return dataclasses.replace(budget, samples=stored["samples"], seconds=None,
+                               schedule_samples=schedule if isinstance(schedule, int) else None)
 
 
 class References:
@@ -52,14 +69,29 @@ class References:
     def _baseline(self) -> TrialConfig:
         return self.runner.baseline.replace(precision="fp32")
 
-    def baseline(self, ui: _Progress) -> dict[str, Any]:
+    @property
+    def fp32_baseline(self) -> TrialConfig:
+        """The config the references run: the runner's baseline in fp32."""
+        return self._baseline
+
+    def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False) -> dict[str, Any]:
         """Train the baseline in fp32 once per seed: baseline throughput, the reference band and metric.
+
+        Under a budget the first seed trains within its share (``_planner.reference_seconds``): when it
+        trains fewer samples than the space's, the runner's budget becomes that length for every later run
+        (``trial_budget``), the schedule's length kept, so every trajectory is paired with the references'.
+
+        Args:
+            adopt_script_batch: The first seed trains at the batch the script passes to ``ctx.loader`` (when
+                it can: ``TrialContext``), and the later seeds at it too.
 
         Raises:
             WorkloadError: a reference run failed, so no trial could be judged.
         """
         started = time.perf_counter()
-        config, runs = self._runs(self._baseline, "reference", "", ui)
+        share = reference_seconds(self.clock.budget_seconds, self.options.reference_repeats)
+        config, runs = self._runs(self._baseline, "reference", "", ui, first_seconds=share,
+                                  adopt_script_batch=adopt_script_batch)
         measurements = []
         for workdir, outcome in runs:
             if outcome.status == "timeout" and self.clock.budgeted and outcome.wall_seconds < self.runner.timeout - 1:
@@ -88,13 +120,18 @@ class References:
             "reference_curves": [_curve(m) for m in measurements],
             "reference_seconds": round(time.perf_counter() - started, 3),
             "reference_wall_seconds": round(runs[0][1].wall_seconds, 3),  # the first run's process, for the cost model
+            TRIAL_BUDGET: trial_budget_record(self.runner.budget),
+            "references_shortened": measurements[0].extras.get("shortened"),
         }
 
-    def _runs(self, config: TrialConfig, workdir: str, where: str,
-              ui: _Progress) -> tuple[TrialConfig, list[tuple[str, TrialOutcome]]]:
+    def _runs(self, config: TrialConfig, workdir: str, where: str, ui: _Progress, *,
+              first_seconds: Optional[float] = None,
+              adopt_script_batch: bool = False) -> tuple[TrialConfig, list[tuple[str, TrialOutcome]]]:
         """Run an fp32 reference once per seed. When the first seed runs out of memory, its global batch is
         split into micro-batches (half, then a quarter, ...) until one fits; every seed then uses that.
-        Stops at the first failed seed. Returns the config that ran and each seed's workdir and outcome."""
+        Stops at the first failed seed. Returns the config that ran and each seed's workdir and outcome.
+
+        ``first_seconds``: the first seed's time share; ``adopt_script_batch``: see ``baseline``."""
         repeats = self.options.reference_repeats
         done: list[tuple[str, TrialOutcome]] = []
         split = False  # whether an out-of-memory split the global batch into smaller micro-batches
@@ -103,7 +140,12 @@ class References:
             while True:
                 ui.status(f"reference{where} {repeat + 1}/{repeats}: {config.describe()} (seed {seed})")
                 name = f"{workdir}-{repeat}" + (f"-micro{config.batch_size}" if split else "")
-                outcome = self.runner.run(config, name, seed=seed, timeout=self.clock.cap(self.runner.timeout))
+                first = not done
+                budget = dataclasses.replace(self.runner.budget, seconds=first_seconds) \
+                    if first and first_seconds is not None else None
+                outcome = self.runner.run(config, name, seed=seed, budget=budget,
+                                          timeout=self.clock.cap(self.runner.timeout),
+                                          adopt_script_batch=adopt_script_batch and first)
                 smaller = _half_micro_batch(config) if outcome.status == "oom" and not done else None
                 if smaller is None:
                     break
@@ -111,7 +153,22 @@ class References:
             done.append((name, outcome))
             if not outcome.ok:
                 break
+            if len(done) == 1 and outcome.measurement is not None:
+                config = self._after_first_seed(config, outcome.measurement.extras)
         return config, done
+
+    def _after_first_seed(self, config: TrialConfig, extras: dict[str, Any]) -> TrialConfig:
+        """The config and the runner's budget for every run after the first seed: at the batch the first
+        seed adopted from the script, and the length it trained when its share shortened it."""
+        adopted = extras.get("batch_adopted")
+        if isinstance(adopted, int) and adopted > 0 and adopted != config.global_batch_size:
+            config = config.replace(batch_size=adopted // config.processes_per_trial, global_batch=None)
+        shortened = extras.get("shortened")
+        if isinstance(shortened, dict) and isinstance(shortened.get("samples"), int):
+            budget = self.runner.budget
+            self.runner.budget = dataclasses.replace(budget, samples=shortened["samples"], seconds=None,
+                                                     schedule_samples=budget.scheduled)
+        return config
 
     def at_batch(self, study: optuna.Study, config: TrialConfig, ui: _Progress) -> float:
         """Under ``batch_policy: scale``: train fp32 at this trial's global batch, once per seed, for the

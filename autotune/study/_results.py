@@ -66,6 +66,9 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
         "confirmed": confirmation_status(study, result, unconfirmed),
         "time_split": study.user_attrs.get("time_split"),
+        # The order of the study: when a faster config was first measured, and how long its evidence is.
+        "time_to_first_faster": study.user_attrs.get("first_faster"),
+        "evidence_length": _evidence_length(study.user_attrs),
         "written": written,
     }
 
@@ -146,6 +149,17 @@ def _allocator(config: TrialConfig) -> dict[str, Any]:
     """The allocator knob's value, the environment it needs (None: none) and what it means, in words."""
     env = {ALLOC_CONF_ENV: EXPANDABLE_SEGMENTS} if config.allocator == "expandable" else None
     return {"allocator": config.allocator, "env": env, "what": config.memory_allocator}
+
+
+def _evidence_length(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The samples every run trained, and whether the references' share of the budget shortened them."""
+    shortened = attrs.get("references_shortened")
+    trained = (attrs.get("trial_budget") or {}).get("samples")
+    if isinstance(shortened, dict) and shortened.get("samples"):
+        return {"samples": shortened["samples"], "space_samples": shortened.get("from_samples"), "shortened": True,
+                "why": "the fp32 references trained within their share of the budget; every trial trained as many "
+                       "samples, its schedule spanning the space's length, so the verdicts stay paired"}
+    return {"samples": trained, "shortened": False}
 
 
 def _number(value: float) -> Any:

@@ -46,7 +46,7 @@ class TrialRunner:
 
     def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
              prune_below: Optional[float] = None, probe: Optional[str] = None,
-             loader_variants: Sequence[TrialConfig] = ()) -> TrialSpec:
+             loader_variants: Sequence[TrialConfig] = (), adopt_script_batch: bool = False) -> TrialSpec:
         return TrialSpec(
             target=self.target,
             config=config,
@@ -57,6 +57,7 @@ class TrialRunner:
             prune_below=prune_below,
             probe=probe,
             loader_variants=tuple(loader_variants),
+            adopt_script_batch=adopt_script_batch,
             env=self._env(config),
         )
 
@@ -81,11 +82,13 @@ class TrialRunner:
 
     def run(self, config: TrialConfig, workdir: str, *, seed: int, budget: Optional[Budget] = None,
             prune_below: Optional[float] = None, timeout: Optional[float] = None,
-            probe: Optional[str] = None, loader_variants: Sequence[TrialConfig] = ()) -> TrialOutcome:
+            probe: Optional[str] = None, loader_variants: Sequence[TrialConfig] = (),
+            adopt_script_batch: bool = False) -> TrialOutcome:
         """Run ``config`` with its log in ``logdir/workdir`` (``probe``: one side of it alone, see ``_probes``;
-        ``loader_variants``: a loader probe's further configs, measured in the same process)."""
+        ``loader_variants``: a loader probe's further configs, measured in the same process;
+        ``adopt_script_batch``: see ``TrialContext``)."""
         spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below, probe=probe,
-                         loader_variants=loader_variants)
+                         loader_variants=loader_variants, adopt_script_batch=adopt_script_batch)
         run = run_copies if config.processes_per_gpu > 1 else run_isolated
         return run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
                    compile_timeout=self.compile_timeout)

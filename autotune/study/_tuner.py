@@ -32,8 +32,10 @@ from autotune.study._isolation import probe_in_trial_server, start_trial_server
 from autotune.study._locks import file_lock
 from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
 from autotune.study._options import TunerOptions
+from autotune.study._planner import FIRST_FASTER, PLAN, probes_why
 from autotune.study._progress import _Progress
-from autotune.study._references import References
+from autotune.study._references import TRIAL_BUDGET, References, apply_trial_budget
+from autotune.study._stored import load_references, reference_key, store_references
 from autotune.study._results import _with_path, write_best_config
 from autotune.study._runner import TrialRunner
 from autotune.study._storage import check_scheme, mask_url, open_storage, study_exists
@@ -364,6 +366,53 @@ class Tuner:
         study.set_user_attr(CREATION_DONE, True)  # last: a study without it is half-made
         return study
 
+    def _may_adopt_script_batch(self, space: _space.SearchSpace) -> bool:
+        """Whether the script's ``ctx.loader(batch_size=)`` may set the baseline's batch (nothing stated it)."""
+        return (self.options.study.mode != "join" and self.options.search.batch_size is None
+                and self._batch_settled(space) is None)
+
+    def _reference_key(self, space: _space.SearchSpace, caps: _hardware.Capabilities) -> Optional[str]:
+        """What determines the fp32 references, hashed (``_stored.reference_key``); None when the target's
+        source cannot be read (then nothing is reused)."""
+        return reference_key(target=self.target, baseline=space.baseline.replace(precision="fp32").to_dict(),
+                             budget=space.budget, seed=self.options.study.seed,
+                             repeats=self.options.accuracy.reference_repeats,
+                             adopt_script_batch=self._may_adopt_script_batch(space), caps=caps)
+
+    def _references_of(self, space: _space.SearchSpace, caps: _hardware.Capabilities, references: References,
+                       ui: _Progress) -> dict[str, Any]:
+        """The fp32 references: reused from an earlier study of the same target where nothing they depend on
+        changed (``--fresh-references`` runs them anyway), else run."""
+        began = time.monotonic()
+        key = self._reference_key(space, caps)
+        self._reference_cache_key = key
+        stored = None
+        if key is not None and not self.options.accuracy.fresh_references:
+            stored = load_references(self.options.study.studies_dir, key)
+        if stored is not None:  # reading a file is setup: the split's references stay at the 0 s they cost
+            self._clock.add("setup", time.monotonic() - began)
+            self._clock.add("references", -(time.monotonic() - began))
+        if stored is None:
+            self._references_reused = None
+            return references.baseline(ui, adopt_script_batch=self._may_adopt_script_batch(space))
+        reference, origin = stored
+        self._references_reused = origin
+        references.runner.budget = apply_trial_budget(references.runner.budget, reference.get(TRIAL_BUDGET))
+        ui.say(f"  fp32 references reused from study {origin['study']!r} ({origin['created']}): the same target, "
+               "modules, baseline, length, seeds, torch and device (--fresh-references runs them again)")
+        return {**reference, "reference_seconds": 0.0, "references_reused": origin}
+
+    def _store_references(self, space: _space.SearchSpace, caps: _hardware.Capabilities,
+                          reference: dict[str, Any]) -> None:
+        """Keep the references for a later study of the same target (never fails the study)."""
+        key = getattr(self, "_reference_cache_key", None)
+        if key is None or reference.get("references_reused"):
+            return
+        try:
+            store_references(self.options.study.studies_dir, key, reference, study=self.study_name)
+        except OSError as exc:
+            print(f"autotune: warning: the references were not kept for reuse: {exc}", file=sys.stderr, flush=True)
+
     def _plan_compiles(self, space: _space.SearchSpace, reference: dict[str, Any]) -> _space.SearchSpace:
         """Leave out the ``max-autotune*`` modes that the declared training length does not pay for."""
         search, measured = self.options.search, reference["reference_measurement"]
@@ -527,6 +576,8 @@ class Tuner:
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
                              memory_limit_gib=opts.trial.memory_limit_gib,
                              compile_timeout=opts.trial.compile_deadline, mps=mps)
+        if study is not None:  # a resume or a joining worker trains the length its references trained
+            runner.budget = apply_trial_budget(runner.budget, study.user_attrs.get(TRIAL_BUDGET))
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed,
                                                    clock=clock)
         # The trial server's start (a torch import: seconds) is setup, not the first reference run's wall time,
@@ -543,14 +594,24 @@ class Tuner:
                         study = self._load_existing(storage, space)
                     if study is None or not _creation_done(study):
                         with clock.part("references"):
-                            reference = references.baseline(ui)
+                            reference = self._references_of(space, caps, references, ui)
                             adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
-                            if adopted is not None:  # the baseline is the script's batch: measured at it
+                            if adopted is not None:  # the baseline is the script's batch
                                 space = _space.restrict_to(adopted, caps)
                                 runner.baseline = space.baseline
-                                ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
-                                       "(ctx.loader): the baseline's batch; its reference runs again")
-                                reference = references.baseline(ui)
+                                ran_at = TrialConfig.from_dict(reference["baseline_config"]).global_batch_size
+                                if ran_at == space.baseline.global_batch_size:
+                                    ran = TrialConfig.from_dict(reference["baseline_config"])
+                                    if ran.batch_size == space.baseline.batch_size:  # the same run, as the space says it
+                                        reference["baseline_config"] = references.fp32_baseline.to_dict()
+                                    ui.say(f"  the script trains at batch {ran_at} (ctx.loader): the baseline's "
+                                           "batch, which its reference ran at")
+                                else:  # the script read a length before ctx.loader: the batch could not change
+                                    ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
+                                           "(ctx.loader): the baseline's batch; its reference runs again")
+                                    runner.budget = space.budget
+                                    reference = references.baseline(ui)
+                            self._store_references(space, caps, reference)
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.
                         space = self._plan_compiles(space, reference)
@@ -627,6 +688,14 @@ class Tuner:
         split = self._clock.split([trials[n].user_attrs for n in loop.ran if n < len(trials)])
         if loop.budget_note:
             split["budget_note"] = loop.budget_note
+        reused = getattr(self, "_references_reused", None)
+        if reused:  # this run's references came from an earlier study
+            split["references_reused"] = reused
+        attrs = study.user_attrs
+        split["first_faster"] = attrs.get(FIRST_FASTER)
+        if attrs.get("references_shortened"):
+            split["references_shortened"] = attrs["references_shortened"]
+        split["probes_why"] = probes_why(attrs.get(PLAN) or [], attrs.get("probes") or [])
         try:
             study.set_user_attr("time_split", split)
         except Exception as exc:  # the split must never cost the study its pick

@@ -26,6 +26,10 @@ _IMAGE_LAYERS = (torch.nn.Conv2d, torch.nn.ConvTranspose2d, torch.nn.BatchNorm2d
                  torch.nn.AvgPool2d, torch.nn.AdaptiveAvgPool2d)
 MAX_TRAJECTORY = 512  # points of a trial's stored loss trajectory; longer ones are averaged into bins
 LOSS_SLACK = 16  # loss slots past the planned steps, for a train_fn that steps a little more
+# A run with a time share measures its step time over this many steps of its first window, then shortens
+# its windows to the share, keeping SHORTEN_RESERVE of what is left for the evaluation and the exit.
+SHORTEN_PROBE_STEPS = 4
+SHORTEN_RESERVE = 0.1
 
 
 def has_4d_activations(module: torch.nn.Module) -> bool:
@@ -65,6 +69,9 @@ class TrialContext:
         device: Defaults to CUDA when available.
         prune_below: Stop the trial after its first timed window when that window's throughput is below
             this (samples/s); set by the tuner from the best trial so far.
+        adopt_script_batch: A study's first reference run: a ``batch_size`` the script passes to
+            ``ctx.loader`` becomes this run's batch, when nothing the script read yet depended on the batch,
+            so the reference need not run again at it (``extras["batch_adopted"]``).
     """
 
     def __init__(
@@ -78,6 +85,7 @@ class TrialContext:
         prune_below: Optional[float] = None,
         probe: Optional[str] = None,
         loader_variants: Sequence[TrialConfig] = (),
+        adopt_script_batch: bool = False,
     ) -> None:
         self.config = config
         # A probe measures one side of the trial apart (see ``autotune.study._probes``): "loader" iterates
@@ -105,6 +113,11 @@ class TrialContext:
         self._copy = _copies.copy_from_env() if budget is not None else None
         self._planned_steps: Optional[int] = None  # set when a copy trains on past its budget: losses stop there
         self._epoch_steps: Optional[int] = None  # batches of one epoch of the last ctx.loader
+        self._created = time.perf_counter()  # a run's time share (Budget.seconds) counts from here
+        # Whether the script read a length that depends on the batch (then the batch can no longer change).
+        self._length_read = False
+        # The reference run may train at the batch the script passes to ctx.loader (adopt_script_batch).
+        self.adopt_script_batch = adopt_script_batch
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -242,6 +255,8 @@ class TrialContext:
         script_batch = kwargs.pop("batch_size", None)
         if script_batch is not None:
             self.extras["script_batch_size"] = int(script_batch) * self.world_size
+            self._adopt_batch(int(script_batch))
+        cfg = self.config
         options: dict[str, Any] = {"batch_size": cfg.batch_size, "drop_last": True}
         if sampler is not None:
             options["sampler"] = sampler
@@ -265,6 +280,32 @@ class TrialContext:
         with contextlib.suppress(TypeError):
             self._epoch_steps = len(loader)
         return loader
+
+    def _adopt_batch(self, script_batch: int) -> None:
+        """Under ``adopt_script_batch``: train at the script's per-rank ``batch_size`` from here on, when the
+        config differs and nothing read so far depends on the batch (a length, a step clock, a loss buffer
+        too small for the steps at the smaller batch); else the study runs the reference again at it."""
+        cfg = self.config
+        if not self.adopt_script_batch or self.budget is None or script_batch <= 0:
+            return
+        adopted = cfg.replace(batch_size=script_batch, global_batch=None)
+        if adopted.global_batch_size == cfg.global_batch_size or self._length_read or cfg.accumulation_steps != 1:
+            return
+        steps = self.budget.samples // adopted.global_batch_size + LOSS_SLACK
+        if not all(step.ensure_loss_capacity(steps) for step in self._train_steps):
+            return
+        if self.baseline_batch_size == cfg.global_batch_size:
+            self.baseline_batch_size = adopted.global_batch_size  # the reference is the baseline: lr_scale stays 1
+        self.config = adopted
+        self.extras["batch_adopted"] = adopted.global_batch_size
+
+    def _deadline(self) -> Optional[float]:
+        """When this run's time share ends (``Budget.seconds``, on ``time.perf_counter``), or None."""
+        # Ranks would each shorten by their own clock (and disagree on the steps): only one-process runs.
+        if self.budget is None or self.budget.seconds is None or self._copy is not None or self.probe \
+                or self.world_size > 1:
+            return None
+        return self._created + self.budget.seconds
 
     def _loader_options(self, cfg: TrialConfig, options: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The DataLoader's arguments under ``cfg``'s loader knobs (the script's own ``kwargs`` win)."""
@@ -475,15 +516,19 @@ class TrialContext:
 
     @property
     def micro_steps(self) -> int:
-        """Micro-batches this trial trains on: ``optimizer_steps x config.accumulation_steps``.
+        """Micro-batches this trial's schedule spans: ``optimizer_steps x config.accumulation_steps``.
 
-        Outside a study, one epoch of the last ``ctx.loader``.
+        Every run of a study spans the same samples. Under a short budget a study may train fewer of them
+        than its schedule spans (``Budget.schedule_samples``): ``ctx.batches`` stops there, the schedule
+        does not change. Outside a study, one epoch of the last ``ctx.loader``.
 
         Raises:
             KnobError: outside a study before any ``ctx.loader``, or the budget leaves no timed window.
         """
         if self.budget is not None:
-            return self._plan()[0]
+            self._length_read = True
+            scheduled = self.budget.scheduled // self.config.global_batch_size * self.config.accumulation_steps
+            return max(self._plan()[0], scheduled)
         if self._epoch_steps is None:
             raise KnobError("ctx.micro_steps outside a study counts one epoch of ctx.loader: build it first")
         return self._epoch_steps
@@ -509,6 +554,7 @@ class TrialContext:
         """
         if self.budget is None:
             return 0
+        self._length_read = True
         return self._plan()[1] // self.config.accumulation_steps
 
     def step_clock(self) -> "StepClock":
@@ -521,6 +567,7 @@ class TrialContext:
         """
         if self.budget is None:
             raise KnobError("ctx.step_clock() times a study's trial: outside a study there is no budget")
+        self._length_read = True
         return StepClock(self)
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -539,7 +586,7 @@ class TrialContext:
             for batch in loader:
                 yield self._move(batch)
             return
-        clock = StepClock(self)
+        clock = StepClock(self, deadline=self._deadline())
         if self.probe == "step":
             # A step probe: a few real batches kept on the device and replayed, so no step waits on the loader.
             source = iter(loader)
@@ -741,11 +788,16 @@ class StepClock:
     never inside a window.
     """
 
-    def __init__(self, ctx: TrialContext) -> None:
+    def __init__(self, ctx: TrialContext, *, deadline: Optional[float] = None) -> None:
         self.ctx = ctx
         self.steps, self.warmup, self.window_steps = ctx._plan()
         assert ctx.budget is not None
         self.timed_end = self.warmup + self.window_steps * ctx.budget.windows
+        # With a deadline (a run's share of a study's budget) the windows are shortened to end inside it,
+        # once the first steps of the first window have measured the step time (_shorten_to_deadline).
+        self.deadline = deadline
+        self._shorten_at = self.warmup + max(1, min(SHORTEN_PROBE_STEPS, self.window_steps // 4)) \
+            if deadline is not None else None
         self.step = 0  # steps ended so far
         self._sampler = ctx._gpu_sampler()
         self._stalls = _DeviceInputWait(ctx.device)
@@ -827,6 +879,8 @@ class StepClock:
         if step + 1 == self.warmup:
             synchronize(ctx.device)
             recorder.warmup_seconds = time.perf_counter() - self._start
+        if step + 1 == self._shorten_at:
+            self._shorten_to_deadline()
         if self.warmup < step + 1 <= self.timed_end and (step + 1 - self.warmup) % self.window_steps == 0:
             window = recorder.end_window()
             for timer in ctx._comm_timers:
@@ -842,6 +896,34 @@ class StepClock:
             ctx._check_finite()
             if len(recorder.windows) == 1:
                 ctx._check_hopeless(self._sampler)
+
+    def _shorten_to_deadline(self) -> None:
+        """Shorten every timed window so that the run ends inside its deadline, at the step time measured
+        over the first steps of the first window. Nothing is cut when the planned steps fit; a window keeps
+        at least one step past those already run. Records the trained length (``extras["shortened"]``)."""
+        ctx, assert_deadline = self.ctx, self.deadline
+        assert assert_deadline is not None and ctx.budget is not None
+        synchronize(ctx.device)
+        now = time.perf_counter()
+        done = self.step - self.warmup
+        started = ctx.recorder._start
+        step_time = (now - started) / done if done and started is not None else 0.0
+        if step_time <= 0:
+            return
+        windows, accumulation = ctx.budget.windows, ctx.config.accumulation_steps
+        # The evaluation after the loop and the process's exit are not known yet: keep a tenth back.
+        affordable = int(((assert_deadline - now) * (1 - SHORTEN_RESERVE) / step_time + done) // windows)
+        window = max(done + 1, min(self.window_steps, affordable))
+        window = -(-window // accumulation) * accumulation  # whole optimizer steps in every window
+        if window >= self.window_steps:
+            return
+        planned = self.steps
+        self.window_steps = window
+        self.timed_end = self.warmup + window * windows
+        self.steps = self.timed_end
+        trained = self.steps // accumulation * ctx.config.global_batch_size
+        ctx.extras["shortened"] = {"samples": trained, "from_samples": planned // accumulation
+                                   * ctx.config.global_batch_size, "seconds": ctx.budget.seconds}
 
     def close(self) -> None:
         """The loop ended, or failed: a first step still on the compile clock leaves it."""

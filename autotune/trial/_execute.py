@@ -49,6 +49,7 @@ class TrialSpec:
     prune_below: Optional[float] = None  # samples/s under which the first window stops the trial
     probe: Optional[str] = None  # "loader" or "step": measure that side of the trial alone (trial/_context)
     loader_variants: tuple[TrialConfig, ...] = ()  # a loader probe's further configs, measured in turn
+    adopt_script_batch: bool = False  # the first reference run: train at the script's ctx.loader batch
 
 
 # Set by the launcher on every rank of a trial of several processes (its value: the ranks). torch's own
@@ -145,6 +146,7 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
                 prune_below=spec.prune_below,
                 probe=spec.probe,
                 loader_variants=spec.loader_variants,
+                adopt_script_batch=spec.adopt_script_batch,
             )
             try:
                 returned = fn(ctx)

@@ -466,6 +466,16 @@ class TrainStep:
         # Eager warm-up ends on a global-batch boundary, so the graphs start a global batch.
         self._graph_warmup = -(-GRAPH_WARMUP_STEPS // self.accumulation) * self.accumulation
 
+    def ensure_loss_capacity(self, calls: int) -> bool:
+        """Grow the loss buffer to ``calls`` slots before the first call (the batch became smaller, so there
+        are more steps); returns whether it holds them now."""
+        if self._loss_log is None or self._loss_log.numel() >= calls:
+            return True
+        if self.calls:
+            return False
+        self._loss_log = torch.full((calls,), math.nan, device=self._loss_log.device)
+        return True
+
     def _loss(self, args: tuple[Any, ...]) -> torch.Tensor:
         if self._compiled_loss is not None:
             return self._compiled_loss(self.loss_fn, args)

@@ -1,0 +1,216 @@
+"""The order of a study: one place that owns its budget and says what runs next, and why.
+
+A study's measurements are not worth the same per second. The planner orders them so that the one most
+likely to change the pick runs first, and gives each fixed cost a share of the budget rather than all of it:
+
+1. **References, within their share.** Under a budget the fp32 reference seeds together get
+   ``REFERENCE_SHARE`` of it. A seed that would run longer trains fewer samples (``Budget.seconds``: its
+   timed windows end inside the share), and every later run trains that many, so the verdict stays paired;
+   the schedule a script reads (``ctx.optimizer_steps``) keeps the space's length.
+2. **The most likely big win next.** Until a full trial other than the reference has run, nothing is
+   probed where the space moves the step's knobs too: the reference's step is fp32 and untuned, so a faster
+   loader cannot show against it, and the sampler's first proposal (the prior point) is the likeliest answer.
+   A space of loader knobs alone has no faster step to wait for: its reference is probed at once.
+3. **Probes where they can change the decision.** A loader probe runs when the fastest feasible full trial
+   waits on its input: then its step is faster than its loader, and a loader variant can win.
+4. **Trials while they fit**, each predicted by the cost model, the race of the finalists kept free
+   (``over_budget_reason``); then the race, or the end.
+
+``next_action`` is a pure function of a ``StudyView`` (a study's records and its clock), so its decisions are
+tested on recorded studies without running a trial. ``TrialLoop`` acts on them and records each new one in
+the study attribute ``PLAN``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from optuna.trial import TrialState
+
+from autotune._records import CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials
+from autotune.search._predict import INPUT_BOUND, LOADER_KNOBS
+from autotune.study._budget import MIN_RUN_S, StudyClock
+
+NOT_RUN = ("infeasible", CANNOT_RUN, OVER_BUDGET)  # statuses of trials answered without a run
+
+# The share of a budgeted study that all its fp32 reference seeds may take together: the first full trial
+# should start inside the first third of the budget, after the setup and the references.
+REFERENCE_SHARE = 0.2
+PLAN = "plan"  # study attribute: the planner's decisions, in order ({"at", "action", "reason"})
+FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial faster than the baseline
+
+REFERENCE, TRIAL, PROBE, STOP = "reference", "trial", "probe", "stop"
+__all__ = ["FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "STOP", "TRIAL", "Decision",
+           "StudyView", "first_faster", "next_action", "over_budget_reason", "probes_why", "reference_seconds", "step_levers", "view_of"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What runs next and why.
+
+    Args:
+        action: ``reference``, ``trial``, ``probe`` or ``stop``.
+        reason: One sentence for the progress line, the study note and the ``PLAN`` record.
+        seconds: A reference's time share, when the budget sets one.
+    """
+
+    action: str
+    reason: str
+    seconds: Optional[float] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class StudyView:
+    """What the planner reads of a study: its records so far and its clock.
+
+    Args:
+        references_done: fp32 reference seeds run (or reused) so far, of ``reference_repeats``.
+        reference_repeats: Seeds the accuracy check asks for.
+        full_trials: Finished full trials other than the reference run (any status).
+        best: The attributes of the fastest feasible full trial so far (the reference run counts), or None.
+        best_is_reference: Whether ``best`` is the reference run.
+        step_levers: Whether the space moves knobs of the step (not only the loader's).
+        probes: Whether the loop may probe (``--no-probes`` and trainers without ``ctx.loader`` may not).
+        probed: Whether ``best``'s loader variants were probed already.
+        waiting: Trials queued (WAITING): one that the probes enqueued runs before anything else.
+        finished: Trials that count toward the trial budget.
+        n_trials: The trial budget.
+        usable_seconds: Seconds left for runs (infinite without a budget).
+        race_seconds: What the race of the finalists is predicted to need.
+        budget_seconds: The study's budget, None without one.
+    """
+
+    references_done: int = 0
+    reference_repeats: int = 2
+    full_trials: int = 0
+    best: Optional[Mapping[str, Any]] = None
+    best_is_reference: bool = True
+    step_levers: bool = True
+    probes: bool = True
+    probed: bool = False
+    waiting: int = 0
+    finished: int = 0
+    n_trials: int = 30
+    usable_seconds: float = math.inf
+    race_seconds: float = 0.0
+    budget_seconds: Optional[float] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def reference_seconds(budget_seconds: Optional[float], repeats: int) -> Optional[float]:
+    """One reference seed's time share of a budgeted study (None without a budget)."""
+    if budget_seconds is None:
+        return None
+    return max(MIN_RUN_S, REFERENCE_SHARE * budget_seconds / max(1, repeats))
+
+
+def step_levers(knob_values: Mapping[str, Sequence[Any]]) -> bool:
+    """Whether a space moves any knob besides the loader's (then the reference's step is not the fastest)."""
+    return any(len(values) > 1 for knob, values in knob_values.items() if knob not in LOADER_KNOBS)
+
+
+def _input_bound(attrs: Mapping[str, Any]) -> bool:
+    return (attrs.get("data_wait_fraction") or 0.0) >= INPUT_BOUND
+
+
+def next_action(view: StudyView) -> Decision:
+    """The next measurement of a study and the reason for it (see the module's order)."""
+    if view.references_done < view.reference_repeats:
+        seed = view.references_done + 1
+        share = reference_seconds(view.budget_seconds, view.reference_repeats)
+        why = f"fp32 reference seed {seed} of {view.reference_repeats}"
+        if share is not None:
+            why += (f", within its share of the budget ({share:.0f} s of {REFERENCE_SHARE:.0%} for the "
+                    f"references): a longer run trains fewer samples, and so does every trial")
+        return Decision(REFERENCE, why, seconds=share)
+    if view.finished >= view.n_trials:
+        return Decision(STOP, f"the trial budget of {view.n_trials} is spent")
+    if view.usable_seconds < MIN_RUN_S + view.race_seconds:
+        return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
+                              f"the finalists needs {view.race_seconds:.0f} s")
+    if view.waiting:
+        return Decision(TRIAL, "a queued trial runs next (the probes' pick, or a retry)")
+    best = view.best
+    if view.full_trials == 0 and view.step_levers:
+        if best is not None and _input_bound(best):
+            return Decision(TRIAL, f"the reference waits {best['data_wait_fraction']:.0%} on its input, but its "
+                                   "step is fp32 and untuned: the most likely big win (the prior point) runs "
+                                   "before any loader probe")
+        return Decision(TRIAL, "the most likely big win first: the sampler's first proposal (the prior point)")
+    if best is not None and _input_bound(best) and view.probes and not view.probed:
+        if not best.get("extra:loader_built"):
+            return Decision(TRIAL, f"the best so far waits {best['data_wait_fraction']:.0%} on its input, but its "
+                                   "loader is not ctx.loader's, so no probe can isolate it: the walk moves the "
+                                   "loader knobs by full trials")
+        who = "the reference" if view.best_is_reference else f"trial #{best.get('number')}, the best so far,"
+        return Decision(PROBE, f"{who} waits {best['data_wait_fraction']:.0%} on its input: its step is faster "
+                               "than its loader, so its loader variants are probed apart")
+    if best is not None and _input_bound(best) and not view.probes:
+        return Decision(TRIAL, "the best so far waits on its input; probes are off, so the walk moves the loader "
+                               "knobs by full trials")
+    return Decision(TRIAL, "the walk's next move from the best so far")
+
+
+def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, clock: StudyClock, race: float = 0.0,
+            probes: bool = True, probed: Callable[[Any], bool] = lambda record: False,
+            references_done: int = 2, reference_repeats: int = 2) -> StudyView:
+    """The planner's view of an Optuna study (a running one, or one recorded earlier).
+
+    Args:
+        knobs: The space's values per knob.
+        clock: The study's clock (its budget and what is left of it).
+        race: Seconds the race of the finalists is predicted to need.
+        probed: Whether the probes of a ``TrialRecord`` (the incumbent) ran already.
+    """
+    trials = study.get_trials(deepcopy=False)
+    best = _best_record(study)
+    attrs = {**trials[best.number].user_attrs, "number": best.number} if best is not None else None
+    full = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and t.user_attrs.get("role") != "reference" and "config" in t.user_attrs
+            and t.user_attrs.get("status") not in NOT_RUN]
+    return StudyView(
+        references_done=references_done, reference_repeats=reference_repeats, full_trials=len(full), best=attrs,
+        best_is_reference=attrs is not None and attrs.get("role") == "reference", step_levers=step_levers(knobs),
+        probes=probes, probed=best is not None and probed(best),
+        waiting=len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))),
+        finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))), n_trials=n_trials,
+        usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds)
+
+
+def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float) -> str:
+    """Why a proposed full trial is not run (its predicted seconds and the race do not fit), or ""."""
+    if predicted_seconds + race_seconds <= usable_seconds:
+        return ""
+    return (f"not run: the study's budget had {max(0.0, usable_seconds):.0f} s left, this trial needs about "
+            f"{predicted_seconds:.0f} s and the race of the finalists {race_seconds:.0f} s")
+
+
+def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float) -> Optional[dict[str, Any]]:
+    """The first finished full trial (by number) that is feasible and faster than the baseline, as
+    ``{"trial", "throughput", "speedup"}``; None when none is."""
+    for attrs in sorted(trials, key=lambda a: a.get("number", 0)):
+        if attrs.get("role") == "reference" or attrs.get("status") != "ok" or attrs.get("duplicate_of") is not None:
+            continue
+        if attrs.get("accuracy_verdict") not in (None, "equivalent", "unchecked"):
+            continue
+        rate = attrs.get("throughput") or 0.0
+        if baseline_throughput > 0 and rate > baseline_throughput:
+            return {"trial": attrs.get("number"), "throughput": rate, "speedup": round(rate / baseline_throughput, 3)}
+    return None
+
+
+def probes_why(plan: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, Any]]) -> str:
+    """Why the loader probes ran, or did not, in words, from the planner's decisions (``PLAN``)."""
+    ran = [d for d in plan if d.get("action") == PROBE]
+    if ran:
+        runs = sum(1 for p in probes if p.get("kind") == "loader")
+        return f"{len(ran)} round{'s' if len(ran) != 1 else ''} ({runs} loader configs); the first because {ran[0]['reason']}"
+    held = [d for d in plan if "probe" in str(d.get("reason", ""))]
+    if held:
+        return f"none ran: {held[-1]['reason']}"
+    return f"none ran: no full trial waited on its input for {INPUT_BOUND:.0%} of its timed windows or more"

@@ -1,0 +1,128 @@
+"""The planner's decisions on recorded studies, without running a trial (``autotune.study._planner``).
+
+The recorded studies are H200 studies committed under ``benchmarks/results``; each test gives the planner a
+study's records up to some trial and checks the next action and its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune._config import TrialConfig
+from autotune.study._budget import StudyClock
+from autotune.study._planner import (PROBE, REFERENCE, REFERENCE_SHARE, STOP, TRIAL, StudyView, first_faster,
+                                     next_action, probes_why, reference_seconds, view_of)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+# The input-bound study of the order this planner replaces: the fp32 reference waited 96% on its input, so
+# two fp32 loader-only trials (probes' picks) ran before the prior point (trial 3).
+INPUT_BOUND_DB = RESULTS / "budget-h200" / "input-bound.db"
+
+
+def _recorded(path: Path, upto: int) -> tuple[optuna.Study, dict]:
+    """An in-memory copy of a recorded study's first ``upto`` + 1 trials, and its space's knob values."""
+    stored = optuna.load_study(study_name=optuna.get_all_study_names(f"sqlite:///{path}")[0],
+                               storage=f"sqlite:///{path}")
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for key, value in stored.user_attrs.items():
+        study.set_user_attr(key, value)
+    for trial in stored.trials[:upto + 1]:
+        study.add_trial(optuna.trial.create_trial(params=trial.params, distributions=trial.distributions,
+                                                  values=trial.values, user_attrs=trial.user_attrs,
+                                                  system_attrs=trial.system_attrs, state=trial.state))
+    knobs = {name: spec["choices"] for name, spec in stored.user_attrs["space"]["knobs"].items() if "choices" in spec}
+    return study, knobs
+
+
+def _view(path: Path, upto: int, *, budget: float | None = None, elapsed: float = 0.0, **keywords) -> StudyView:
+    study, knobs = _recorded(path, upto)
+    import time
+
+    clock = StudyClock(budget_seconds=budget, started=time.monotonic() - elapsed)
+    return view_of(study, knobs=knobs, n_trials=keywords.pop("n_trials", 30), clock=clock, **keywords)
+
+
+def test_an_input_bound_fp32_reference_gets_the_prior_point_before_any_probe() -> None:
+    decision = next_action(_view(INPUT_BOUND_DB, 0))
+    assert decision.action == TRIAL
+    assert "96%" in decision.reason and "before any loader probe" in decision.reason
+
+
+def test_the_prior_point_waiting_on_its_input_gets_its_loader_probed() -> None:
+    """With the reference and the prior point (trial 3 of the recording, bf16 compiled, 99% waiting): the
+    fastest feasible trial is input-bound, its step faster than its loader, so its loader variants are probed."""
+    study, knobs = _recorded(INPUT_BOUND_DB, 3)
+    kept = optuna.create_study(directions=["maximize", "minimize"])
+    for key, value in study.user_attrs.items():
+        kept.set_user_attr(key, value)
+    for trial in (study.trials[0], study.trials[3]):
+        kept.add_trial(optuna.trial.create_trial(params=trial.params, distributions=trial.distributions,
+                                                 values=trial.values, user_attrs=trial.user_attrs,
+                                                 system_attrs=trial.system_attrs, state=trial.state))
+    view = view_of(kept, knobs=knobs, n_trials=30, clock=StudyClock())
+    decision = next_action(view)
+    assert decision.action == PROBE and "trial #1, the best so far," in decision.reason
+    assert next_action(view_of(kept, knobs=knobs, n_trials=30, clock=StudyClock(),
+                               probed=lambda best: True)).action == TRIAL  # probed: the walk goes on
+
+
+def test_the_recorded_order_would_have_stopped_for_the_race_and_the_trial_budget() -> None:
+    import time
+
+    view = _view(INPUT_BOUND_DB, 5, budget=240.0, elapsed=236.0, race=20.0)
+    assert next_action(view).action == STOP and "race" in next_action(view).reason
+    assert next_action(_view(INPUT_BOUND_DB, 5, n_trials=5)).action == STOP
+
+
+def test_a_recorded_walk_with_a_trial_that_did_not_wait_just_walks() -> None:
+    """ResNet-50 on synthetic data (the gpu_default study): nothing waits on its input, so no probe."""
+    path = RESULTS / "search-h200" / "gpu-default-first.db"
+    stored = optuna.load_study(study_name="r50-default", storage=f"sqlite:///{path}")
+    assert stored.trials[1].user_attrs["data_wait_fraction"] < 0.5
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for trial in stored.trials[:2]:
+        study.add_trial(optuna.trial.create_trial(params=trial.params, distributions=trial.distributions,
+                                                  values=trial.values, user_attrs=trial.user_attrs,
+                                                  system_attrs=trial.system_attrs, state=trial.state))
+    decision = next_action(view_of(study, knobs={"precision": ["fp32", "bf16"]}, n_trials=30, clock=StudyClock()))
+    assert decision.action == TRIAL and decision.reason == "the walk's next move from the best so far"
+
+
+def test_references_come_first_within_their_share_of_the_budget() -> None:
+    decision = next_action(StudyView(references_done=0, reference_repeats=2, budget_seconds=240.0))
+    assert decision.action == REFERENCE and decision.seconds == pytest.approx(REFERENCE_SHARE * 240 / 2)
+    assert reference_seconds(None, 2) is None
+    assert next_action(StudyView(references_done=1, reference_repeats=2)).seconds is None  # no budget: full length
+
+
+def test_a_loader_only_space_probes_the_reference_at_once() -> None:
+    """Where the space moves only loader knobs, the reference's step is the only step: probe it."""
+    best = {"data_wait_fraction": 0.9, "extra:loader_built": True, "number": 0, "role": "reference"}
+    decision = next_action(StudyView(references_done=2, best=best, step_levers=False, full_trials=0))
+    assert decision.action == PROBE and decision.reason.startswith("the reference waits 90%")
+
+
+def test_an_input_bound_trial_without_ctx_loader_is_walked_and_the_reason_says_so() -> None:
+    best = {"data_wait_fraction": 0.7, "extra:loader_built": False, "number": 2}
+    decision = next_action(StudyView(references_done=2, best=best, best_is_reference=False, full_trials=2))
+    assert decision.action == TRIAL and "not ctx.loader's" in decision.reason
+    plan = [{"action": TRIAL, "reason": decision.reason}]
+    assert probes_why(plan, []).startswith("none ran: the best so far waits 70%")
+    assert probes_why([], []).startswith("none ran: no full trial waited")
+
+
+def test_first_faster_skips_the_reference_duplicates_and_harmful_trials() -> None:
+    trials = [
+        {"number": 0, "role": "reference", "status": "ok", "throughput": 100.0},
+        {"number": 1, "status": "ok", "throughput": 90.0, "accuracy_verdict": "equivalent"},
+        {"number": 2, "status": "ok", "throughput": 300.0, "accuracy_verdict": "degraded"},
+        {"number": 3, "status": "oom", "throughput": 0.0},
+        {"number": 4, "status": "ok", "throughput": 250.0, "accuracy_verdict": "equivalent"},
+    ]
+    assert first_faster(trials, 100.0) == {"trial": 4, "throughput": 250.0, "speedup": 2.5}
+    assert first_faster(trials[:4], 100.0) is None
