@@ -475,6 +475,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         if result.best.config.allocator != "default":
             say(f"Allocator: {escape(result.best.config.memory_allocator)}.")
         _say_accuracy(say, result)
+        say(f"Energy: {(_document(result).get('energy') or {}).get('what', 'not measured')}.")
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
     if result.colocation_warning:

@@ -15,6 +15,7 @@ import optuna
 
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Result, TrialConfig, dumps
 from autotune._records import CONFIRMATION, study_dir
+from autotune.insight._report import energy_record
 
 
 def best_config_document(study: optuna.Study, result: Result, unconfirmed: str = "", *,
@@ -66,6 +67,9 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
         "confirmed": confirmation_status(study, result, unconfirmed),
         "time_split": study.user_attrs.get("time_split"),
+        # Joules per sample of the best's timed windows (NVML's energy counter), or why not measured.
+        "energy": energy_record(trial.user_attrs if trial else {},
+                                cuda=bool((study.user_attrs.get("hardware") or {}).get("cuda"))),
         "written": written,
     }
 

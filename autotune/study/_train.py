@@ -19,8 +19,8 @@ import datetime
 import json
 import math
 import os
+import contextlib
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -202,12 +202,13 @@ def _check_runnable(config: TrialConfig) -> None:
 def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label: str = "pick", seed: int = 0,
              baseline_batch_size: Optional[int] = None, metric_direction: str = "maximize",
              progress: Optional[Callable[[Any], None]] = None, on_start: Optional[Callable[[Any], None]] = None,
-             checkpoint: Optional[Callable[["TrainRun"], None]] = None) -> TrainRun:
+             checkpoint: Optional[Callable[["TrainRun"], None]] = None, nvml: Any = None) -> TrainRun:
     """Train ``fn`` once in this process with ``config`` for ``length`` (a ``RunLength``).
 
     A Ctrl-C (SIGINT) or SIGTERM stops the run at its next optimizer step; a second one interrupts at once.
     Either way the run's measurement is returned. ``on_start`` gets the ``RealRun`` before ``fn`` starts
-    (its stop flag); ``checkpoint`` gets the run as measured so far at every epoch's end.
+    (its stop flag); ``checkpoint`` gets the run as measured so far at every epoch's end. ``nvml`` stands in
+    for ``pynvml`` (``autotune.testing.FakeNvml``): the energy counter is read through it, on a CPU too.
     """
     import torch
 
@@ -220,7 +221,7 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
     _check_runnable(config)
     device = _knobs.pick_device()
     run = RealRun(length, config=config, device=device, metric_direction=metric_direction, on_progress=progress)
-    energy = EnergyMeter(index=device.index or 0) if device.type == "cuda" else None
+    energy = EnergyMeter(index=device.index or 0, nvml=nvml) if device.type == "cuda" or nvml is not None else None
     status, error = "ok", None
     ctx: Any = None
     started = time.perf_counter()
@@ -385,6 +386,8 @@ class _ProgressLine:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -622,24 +625,30 @@ def _finite(value: Any) -> Any:
 # -- a run in its own process (--compare) ------------------------------------------------------------
 def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, seed: int, folder: Path,
                baseline_batch_size: int, metric_direction: str, progress: bool) -> TrainRun:
-    """One run in a fresh process (its own session: a Ctrl-C reaches it once, forwarded from here)."""
+    """One run in a fresh process forked from the trial server (torch already imported, CUDA untouched), in
+    its own session: a Ctrl-C reaches it once, forwarded from here; a second one ends it at once."""
+    from autotune.study._isolation import _mp_context
+
     folder.mkdir(parents=True, exist_ok=True)
     result_path = folder / f".train-{label}.json"
     result_path.unlink(missing_ok=True)
     spec = {"target": target, "config": config.to_dict(), "length": length.to_dict(), "label": label, "seed": seed,
             "baseline_batch_size": baseline_batch_size, "metric_direction": metric_direction, "progress": progress,
             "result": str(result_path)}
-    code = "import sys; from autotune.study._train import _child_main; sys.exit(_child_main(sys.argv[1]))"
-    child = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], start_new_session=True)
+    child = _mp_context().Process(target=_child_entry, args=(json.dumps(spec), dict(os.environ)), daemon=False)
     forwarded = {"count": 0}
 
     def forward(signum: int, frame: Any) -> None:
         forwarded["count"] += 1
-        child.send_signal(signal.SIGINT if forwarded["count"] == 1 else signal.SIGKILL)
+        if child.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGINT if forwarded["count"] == 1 else signal.SIGKILL)
 
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code_ = child.wait()
+        child.start()
+        child.join()
+        code_ = child.exitcode
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
@@ -654,8 +663,23 @@ def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, see
     return run
 
 
+def _child_entry(text: str, environ: dict[str, str]) -> None:
+    """The forked child of ``_run_child``: its own session, the coordinator's environment, one run."""
+    import multiprocessing
+
+    os.setsid()  # a Ctrl-C at the terminal reaches the coordinator only, which forwards it once
+    os.environ.clear()
+    os.environ.update(environ)
+    if sys.platform.startswith("linux"):
+        multiprocessing.set_start_method("fork", force=True)  # the script's DataLoader workers, as in a trial
+    code = _child_main(text)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _child_main(text: str) -> int:
-    """The child of ``_run_child``: one run, its result written where the spec says."""
+    """One run of ``_run_child``'s spec, its result written where the spec says."""
     from autotune.trial._run import RunLength
 
     spec = json.loads(text)

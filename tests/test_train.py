@@ -1,0 +1,156 @@
+"""``autotune train``: the real run's length, its schedule, Ctrl-C, the comparison's verdict and its energy.
+
+The runs are real trainings of the tiny workloads on the CPU, in this process (``autotune.train``) or, for
+Ctrl-C and ``--compare``, in the command's own processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune import TrialConfig
+from autotune.study._train import compare_runs, promise_check, run_once, Promise
+from autotune.testing import FakeNvml
+from autotune.trial._run import RunLength
+from benchmarks.workloads import planted
+from train_workloads import TRAIN_WORKLOADS
+
+ROOT = Path(__file__).resolve().parent.parent
+# One thread: on a shared 2-core machine two threads per tiny step are many times slower than one.
+ONE_THREAD = TrialConfig(cpu_threads=1)
+# Micro-batch 16 accumulated twice: an optimizer step is 32 samples, an epoch of 256 samples is 8 of them.
+ACCUMULATED = ONE_THREAD.replace(batch_size=16, global_batch=32)
+
+
+def _config_file(tmp_path: Path, config: TrialConfig, *, throughput: float | None = None,
+                 baseline: TrialConfig | None = None) -> Path:
+    """A best_config.json as a study writes it, with the fields autotune train reads."""
+    doc = {"study": None, "config": config.to_dict(), "throughput": throughput,
+           "measurement": {"window_throughputs": [throughput * 0.9, throughput, throughput * 1.1]} if throughput else {},
+           "baseline": {"config": (baseline or TrialConfig()).to_dict(), "throughput": None}}
+    path = tmp_path / "best_config.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _train(tmp_path: Path, **length):
+    path = _config_file(tmp_path, ACCUMULATED, throughput=600.0)
+    result = autotune.train(f"{TRAIN_WORKLOADS}:train_scheduled", config=path, out=tmp_path, progress=False,
+                            say=lambda _: None, **length)
+    run = result.runs["pick"]
+    assert run.status == "ok", run.error
+    return run, [m["value"] for m in run.metrics]
+
+
+@pytest.mark.parametrize("length, steps, epochs", [
+    ({"steps": 11}, 11, 1),       # 11 steps of 8 per epoch: one epoch's hook, then 3 steps into the second
+    ({"epochs": 3}, 24, 3),       # 3 x 8
+    ({"minutes": 0.01}, 11, 1),   # 0.6 s at the promised 600 samples/s: 360 samples, 11 steps of 32
+])
+def test_the_run_takes_its_length_in_optimizer_steps_and_the_cosine_schedule_ends_at_its_minimum(
+        tmp_path: Path, length: dict, steps: int, epochs: int) -> None:
+    run, reported = _train(tmp_path, **length)
+    taken, last_lr, t_max, *hooks = reported
+    assert taken == steps == t_max == run.optimizer_steps == run.steps_done
+    assert run.samples == steps * 32 and run.epochs_done == epochs
+    assert last_lr == pytest.approx(0.0, abs=1e-12)  # CosineAnnealingLR(T_max=ctx.optimizer_steps) at its eta_min
+    assert hooks == [1000 * (e + 1) + (e + 1) for e in range(epochs)]  # hook(epoch) with ctx.epoch counting it
+    assert len(run.losses) == steps and run.loss_every == 1
+    written = json.loads((tmp_path / "train.json").read_text())
+    assert written["runs"]["pick"]["steps_done"] == steps and written["promise"]["promised"] == 600.0
+
+
+def test_minutes_without_a_measured_throughput_is_an_error_before_anything_trains(tmp_path: Path, capsys) -> None:
+    from autotune.cli import main
+
+    assert main(["train", f"{TRAIN_WORKLOADS}:train_scheduled", "--minutes", "1", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autotune: error: --minutes needs the throughput the study measured") and "\n" not in err
+    assert not (tmp_path / "train.json").exists()
+
+
+def test_ctrl_c_stops_at_an_optimizer_step_runs_the_code_after_the_loop_and_writes_what_was_measured(
+        tmp_path: Path, capsys) -> None:
+    from autotune.cli import main
+
+    path = _config_file(tmp_path, ONE_THREAD)
+    # The workload sends itself SIGINT after 20 steps of a run a million steps long.
+    code = main(["train", f"{TRAIN_WORKLOADS}:train_until_stopped", "--steps", "1000000", "--config", str(path),
+                 "--out", str(tmp_path), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 130, err
+    assert "SIGINT: stopping at the next optimizer step" in err
+    doc = json.loads((tmp_path / "train.json").read_text())
+    run = doc["runs"]["pick"]
+    assert doc["interrupted"] is True and run["status"] == "interrupted"
+    assert run["steps_done"] == 20 and run["samples"] == 20 * 64  # it stopped at the step it was asked in
+    assert run["metrics"][-1]["value"] == 20  # the code after the loop ran
+    # The curve's bins are sized for the planned million steps (512 points): the 20 steps fill the first.
+    assert run["loss_every"] == -(-1_000_000 // 512) and len(run["losses"]) == 1 and run["throughput"] > 0
+    assert "Interrupted" in out and "train.json" in out
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+
+
+FP32 = ONE_THREAD.replace(batch_size=64)
+BF16 = FP32.replace(precision="bf16")
+
+
+def test_compare_says_the_pick_drifts_on_planted_harm() -> None:
+    """bf16 through the planted offset loses the hidden activations: its curve leaves fp32's (paired)."""
+    length = RunLength(steps=96)
+    fn = planted.train_harmed
+    baseline = run_once(fn, FP32, length, label="baseline")
+    pick = run_once(fn, BF16, length, label="pick")
+    comparison = compare_runs(pick, baseline)
+    assert comparison["accuracy"] == "drifts", comparison["evidence"]
+    assert comparison["evidence"].startswith("paired") and "contradicts" in comparison["accuracy_what"]
+
+
+def test_compare_runs_both_configs_and_says_the_pick_holds_on_a_clean_workload(tmp_path: Path) -> None:
+    path = _config_file(tmp_path, BF16, throughput=5000.0, baseline=FP32)
+    proc = subprocess.run([sys.executable, "-m", "autotune", "train", f"{planted.__file__}:train_clean",
+                           "--config", str(path), "--steps", "96", "--compare", "--out", str(tmp_path),
+                           "--no-progress"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "train.json").read_text())
+    assert set(doc["runs"]) == {"baseline", "pick"}
+    for run in doc["runs"].values():
+        assert run["steps_done"] == 96 and len(run["losses"]) == 96
+    comparison = doc["comparison"]
+    assert comparison["accuracy"] == "holds", comparison["evidence"]
+    assert comparison["evidence"].startswith("paired")
+    assert comparison["speedup"] > 0 and comparison["speedup_low"] <= comparison["speedup"] <= comparison["speedup_high"]
+    assert "Accuracy: the pick's training holds" in proc.stdout and "Speed: the pick ran at" in proc.stdout
+
+
+def test_the_promise_is_a_ratio_with_its_range_and_a_contradiction_is_said() -> None:
+    run = run_once(planted.train_clean, FP32, RunLength(steps=40), label="pick")
+    assert run.throughput and run.throughput_low <= run.throughput <= run.throughput_high
+    kept = promise_check(run, Promise(throughput=run.throughput, low=run.throughput * 0.98,
+                                      high=run.throughput * 1.02, source="study s"))
+    assert kept["holds"] is True and kept["ratio"] == pytest.approx(1.0)
+    broken = promise_check(run, Promise(throughput=run.throughput * 10, source="study s"))
+    assert broken["holds"] is False and broken["ratio"] == pytest.approx(0.1)
+    assert "slower than the study measured" in broken["what"] and "contradicts" in broken["what"]
+
+
+def test_a_run_records_joules_per_sample_from_the_energy_counter_and_says_not_measured_without() -> None:
+    # The counter in millijoules: read at the start (1,000 J) and the end (1,640 J).
+    nvml = FakeNvml([{"energy_mj": 1_000_000}, {"energy_mj": 1_640_000}])
+    measured = run_once(planted.train_clean, FP32, RunLength(steps=10), nvml=nvml)
+    assert measured.energy_j == pytest.approx(640.0)
+    assert measured.joules_per_sample == pytest.approx(640.0 / 640)  # 10 steps of 64 samples
+    unsupported = run_once(planted.train_clean, FP32, RunLength(steps=10), nvml=FakeNvml([{}]))
+    assert unsupported.joules_per_sample is None and unsupported.energy_note.startswith("not measured")
+    cpu = run_once(planted.train_clean, FP32, RunLength(steps=10))
+    assert cpu.joules_per_sample is None and cpu.energy_note.startswith("not measured: no GPU")
