@@ -154,3 +154,34 @@ def test_a_run_records_joules_per_sample_from_the_energy_counter_and_says_not_me
     assert unsupported.joules_per_sample is None and unsupported.energy_note.startswith("not measured")
     cpu = run_once(planted.train_clean, FP32, RunLength(steps=10))
     assert cpu.joules_per_sample is None and cpu.energy_note.startswith("not measured: no GPU")
+
+
+def test_a_trial_best_config_and_the_report_carry_joules_per_sample_from_a_stand_in_nvml(
+        tmp_path: Path, write_space, cpu_caps) -> None:
+    import optuna
+
+    from autotune import Tuner
+    from autotune.insight._report import summary_lines
+
+    space = write_space("knobs:\n  batch_size: [64]\n  cpu_threads: [1]\nbudget: {samples: 2048, warmup_steps: 1, windows: 3}\n")
+    url = f"sqlite:///{tmp_path}/energy.db"
+    result = Tuner(f"{TRAIN_WORKLOADS}:train_fake_energy", space=space, n_trials=1, storage=url, studies_dir=tmp_path,
+                   progress=False, plots=False, reference_repeats=1, top_k=0, study_name="energy",
+                   capabilities=cpu_caps).run()
+    study = optuna.load_study(study_name="energy", storage=url)
+    attrs = study.trials[result.best.number].user_attrs
+    assert attrs["extra:gpu.energy_j"] == pytest.approx(512.0)  # the counter's two readings, 512 J apart
+    per_sample = attrs["extra:gpu.joules_per_sample"]
+    # Over the timed windows' samples: fewer than the trial's (its warm-up is not timed), at least 3 batches.
+    assert 512.0 / attrs["samples"] < per_sample <= 512.0 / (3 * 64)
+    energy = json.loads(Path(result.best_config_path).read_text())["energy"]
+    assert energy["joules_per_sample"] == per_sample and energy["what"].startswith(f"{per_sample:.4g} J/sample")
+    assert f"Energy of the best: {per_sample:.4g} J/sample over the timed windows" in "\n".join(summary_lines(study, {}))
+
+
+def test_energy_not_measured_says_why() -> None:
+    from autotune.insight._report import energy_record
+
+    assert energy_record({}, cuda=False)["what"].startswith("not measured: no GPU")
+    assert "gives no energy counter" in energy_record({"extra:gpu.energy_j": None}, cuda=True)["what"]
+    assert energy_record({}, cuda=False)["joules_per_sample"] is None

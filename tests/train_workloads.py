@@ -62,3 +62,18 @@ def train_until_stopped(ctx) -> None:
         if optimizer.taken == 20:
             os.kill(os.getpid(), signal.SIGINT)
     ctx.report_metric(optimizer.taken)
+
+
+# Two energy counter readings (millijoules): where the timed windows start, and where they end.
+FAKE_ENERGY = [{"sm_clock_mhz": 1980, "energy_mj": 5_000_000}, {"sm_clock_mhz": 1980, "energy_mj": 5_512_000}]
+
+
+def train_fake_energy(ctx) -> None:
+    """train_tiny with a stand-in NVML behind the trial's sampler (a CPU trial has none): its energy counter
+    reads 512 J over the timed windows."""
+    from autotune.hardware import GpuSampler
+    from autotune.testing import FakeNvml
+    from workloads import train_tiny
+
+    ctx._gpu_sampler = lambda: GpuSampler(nvml=FakeNvml(FAKE_ENERGY), interval=3600)
+    train_tiny(ctx)
