@@ -476,6 +476,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say(f"Allocator: {escape(result.best.config.memory_allocator)}.")
         _say_accuracy(say, result)
         say(f"Energy: {(_document(result).get('energy') or {}).get('what', 'not measured')}.")
+        if (_document(result).get("real_run") or {}).get("what"):
+            say(f"The real run: {_document(result)['real_run']['what']}.")
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
     if result.colocation_warning:

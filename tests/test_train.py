@@ -185,3 +185,31 @@ def test_energy_not_measured_says_why() -> None:
     assert energy_record({}, cuda=False)["what"].startswith("not measured: no GPU")
     assert "gives no energy counter" in energy_record({"extra:gpu.energy_j": None}, cuda=True)["what"]
     assert energy_record({}, cuda=False)["joules_per_sample"] is None
+
+
+def _result(speedup_low: float, speedup_high: float):
+    from autotune._config import Result, TrialRecord
+
+    best = TrialRecord(number=3, config=TrialConfig(batch_size=64, precision="bf16"), throughput=2000.0,
+                       accuracy_loss=0.0, status="ok", feasible=True)
+    return Result(study_name="s", storage="sqlite://", best=best, baseline=TrialConfig(batch_size=64),
+                  baseline_throughput=1000.0, reference_metric=None, metric_noise=0.0, pareto=(best,),
+                  removed_knobs={}, speedup_low=speedup_low, speedup_high=speedup_high)
+
+
+def test_a_declared_real_run_is_said_in_time_with_the_baseline_and_the_pick_with_the_spread() -> None:
+    from autotune.study._results import real_run_estimate
+
+    assert real_run_estimate({}, _result(1.8, 2.2)) is None  # nothing declared: nothing said
+    # 10,000 steps of 64 samples: 640 s with the baseline at 1,000/s, 320 s with the pick at 2x (1.8x-2.2x).
+    steps = real_run_estimate({"train_steps": 10_000}, _result(1.8, 2.2))
+    assert steps["baseline_seconds"] == pytest.approx(640.0) and steps["pick_seconds"] == pytest.approx(320.0)
+    assert steps["pick_seconds_low"] == pytest.approx(640 / 2.2) and steps["pick_seconds_high"] == pytest.approx(640 / 1.8)
+    assert steps["what"].startswith("10,000 steps (640,000 samples at the baseline's global batch 64) take "
+                                    "10.7 min with the baseline and 5.3 min with the pick (4.8 min-5.9 min")
+    # 30 minutes with the pick at 2,000/s: 3.6 M samples, which the baseline trains in 60 min (54-66).
+    minutes = real_run_estimate({"train_minutes": 30}, _result(1.8, 2.2))
+    assert minutes["samples"] == 3_600_000 and minutes["steps"] == 3_600_000 // 64
+    assert minutes["baseline_seconds"] == pytest.approx(3600.0)
+    assert (minutes["baseline_seconds_low"], minutes["baseline_seconds_high"]) == pytest.approx((3240.0, 3960.0))
+    assert "take 60.0 min with the baseline (54.0 min-66.0 min from the speed-up's spread 1.80x-2.20x)" in minutes["what"]
