@@ -163,6 +163,7 @@ class TrainRun:
     throughput_high: Optional[float] = None
     wall_throughput: Optional[float] = None  # samples over the whole train_fn
     window_throughputs: tuple[float, ...] = ()
+    data_wait_fraction: Optional[float] = None  # share of the timed windows spent waiting on the loader
     losses: tuple[float, ...] = ()
     loss_every: int = 1
     metrics: tuple[dict[str, Any], ...] = ()
@@ -280,6 +281,8 @@ def _measured(run: Any, ctx: Any, label: str, config: TrialConfig, length: Any, 
         throughput_high=spread[1] if spread else None,
         wall_throughput=run.samples / wall if wall > 0 and run.samples else None,
         window_throughputs=tuple(round(r, 3) for r in run.window_rates()), losses=tuple(run.losses()),
+        data_wait_fraction=(sum(w.data_wait_seconds for w in run.windows) / run.timed_seconds
+                            if run.timed_seconds > 0 else None),
         loss_every=run.loss_every, metrics=tuple(run.metrics), metric=run.metrics[-1]["value"] if run.metrics else None,
         best_metric=run.best_metric, energy_j=joules,
         joules_per_sample=joules / run.samples if joules is not None and run.samples else None,
@@ -544,6 +547,8 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
     check = promise_check(main_run, plan.promise if main_run.label == "pick" or plan.pick is None
                           else plan.baseline_promise)
     doc["promise"] = check
+    if compare and "baseline" in runs and main_run.label == "pick":
+        doc["promise_baseline"] = promise_check(runs["baseline"], plan.baseline_promise)
     comparison = None
     if compare and "pick" in runs and "baseline" in runs:
         speedup = None
