@@ -213,3 +213,27 @@ def test_a_declared_real_run_is_said_in_time_with_the_baseline_and_the_pick_with
     assert minutes["baseline_seconds"] == pytest.approx(3600.0)
     assert (minutes["baseline_seconds_low"], minutes["baseline_seconds_high"]) == pytest.approx((3240.0, 3960.0))
     assert "take 60.0 min with the baseline (54.0 min-66.0 min from the speed-up's spread 1.80x-2.20x)" in minutes["what"]
+
+
+def test_a_hand_written_loop_and_a_dataset_on_the_device_train_the_run_s_length() -> None:
+    import torch
+    from torch import nn
+
+    from workloads import dataset, tiny_model, train_tiny
+
+    def hand_written(ctx) -> None:
+        model = ctx.model(tiny_model())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in ctx.batches(ctx.loader(dataset(256))):
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            ctx.record_loss(loss)
+
+    run = run_once(hand_written, ONE_THREAD.replace(batch_size=32), RunLength(steps=20))
+    assert run.status == "ok" and run.steps_done == 20 and len(run.losses) == 20  # one point per step
+    # loader=device: the dataset kept on the device, still epochs of it (1,024 samples, 32 batches of 32).
+    run = run_once(train_tiny, ONE_THREAD.replace(batch_size=32, loader="device"), RunLength(epochs=2))
+    assert run.status == "ok", run.error
+    assert (run.steps_done, run.optimizer_steps, run.epochs_done) == (64, 64, 2)

@@ -508,7 +508,8 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
                                                   else Path(studies_dir) / "train")
     path = folder / RESULT_FILE
     target = train_fn if isinstance(train_fn, str) else None
-    fn = load_target(train_fn) if isinstance(train_fn, str) else train_fn
+    # A comparison's runs import the target in their own processes: this one stays free of torch.
+    fn = train_fn if not isinstance(train_fn, str) else None if compare else load_target(train_fn)
     runs: dict[str, TrainRun] = {}
     doc: dict[str, Any] = {"study": plan.study, "source": plan.source, "length": length.to_dict(),
                            "requested": {"epochs": epochs, "steps": steps, "minutes": minutes}, "seed": seed,
@@ -532,7 +533,7 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         runs[label] = result
         interrupted = result.status == "interrupted"
     else:
-        target = target or target_of(fn)
+        target = target or target_of(fn)  # type: ignore[arg-type]
         for label, cfg in (("baseline", plan.baseline), ("pick", plan.config)):
             result = _run_child(target, cfg, length, label=label, seed=seed, folder=folder,
                                 baseline_batch_size=plan.baseline.global_batch_size,

@@ -240,8 +240,9 @@ class RealRun:
         self._add(steps[-1].last_loss, self.micro // self.accumulation, weight=1)
 
     def record_loss(self, value: torch.Tensor) -> None:
-        """A hand-written loop's loss of its last optimizer step (``ctx.record_loss``)."""
-        step = max(0, (self.micro - 1) // self.accumulation)
+        """A hand-written loop's loss of its current optimizer step (``ctx.record_loss`` inside the loop: the
+        batch just yielded is not counted yet)."""
+        step = min(self.micro, max(0, (self.total_micro or 1) - 1)) // self.accumulation
         self._add(value.to(self.device), step, weight=self.accumulation)
 
     def _add(self, loss: torch.Tensor, step: int, *, weight: int) -> None:

@@ -144,9 +144,9 @@ def _ratio(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}x" if isinstance(value, (int, float)) else "n/a"
 
 
-def _joules(run: dict[str, Any]) -> str:
+def _joules(run: dict[str, Any], unit: str = "") -> str:
     value = run.get("joules_per_sample")
-    return f"{value:.4g}" if isinstance(value, (int, float)) else (run.get("energy_note") or "not measured")
+    return f"{value:.4g}{unit}" if isinstance(value, (int, float)) else (run.get("energy_note") or "not measured")
 
 
 def plot_curves(doc: dict[str, Any], path: Path, title: str) -> Optional[Path]:
@@ -225,14 +225,14 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> s
         (out.parent / f"{out.stem}-{row['name']}.json").write_text(json.dumps(row, indent=2, default=str))
         details += [
             "", f"## {row['name']}", "", row["what"] + ".", "",
-            f"- Study: `autotune {row['tune']}`; its verdict: {row['best'].get('verdict')}"
+            f"- Study: `{row['tune']}`; its verdict: {row['best'].get('verdict')}"
             f" ({_ratio(row['best'].get('speedup'), 2)}), accuracy {row['best'].get('accuracy_verdict')}.",
-            f"- Real run: `autotune {row['train']}`: {row['steps']:,} optimizer steps, {row['run_samples']:,} samples "
+            f"- Real run: `{row['train']}`: {row['steps']:,} optimizer steps, {row['run_samples']:,} samples "
             f"({row['run_samples'] / row['trial_samples']:.1f}x a trial's {row['trial_samples']:,}).",
             f"- Promise: {promise.get('what')}.",
             f"- Speed: {comparison.get('speed_what', 'n/a')}.",
             f"- Accuracy: {comparison.get('accuracy_what', 'n/a')}.",
-            f"- Energy: pick {_joules(pick)} J/sample, baseline {_joules(base)} J/sample"
+            f"- Energy: pick {_joules(pick, ' J/sample')}, baseline {_joules(base, ' J/sample')}"
             + (f": {energy:.2f}x the baseline's energy per sample beside a {_ratio(comparison.get('speedup'), 2)} "
                "speed-up." if energy else "."),
             f"- Wall time: baseline {base.get('wall_seconds', 0):.0f} s, pick {pick.get('wall_seconds', 0):.0f} s.",
