@@ -185,12 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--compare", action="store_true",
                        help="train the baseline too, for the same samples, and compare speed and loss curves")
     train.add_argument("--seed", type=int, default=0, help="ctx.seed (default 0, the study's first fp32 reference)")
-    train.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize")
-    train.add_argument("--max-accuracy-loss", type=_bound, default=0.01)
-    train.add_argument("--studies-dir", default="studies")
+    train.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize",
+                       help="whether a higher reported metric is better (default maximize)")
+    train.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
+                       help="--compare: the accuracy verdict's bound on the metric's loss (default 0.01)")
+    train.add_argument("--studies-dir", default="studies", help="where --study's folder is (default studies)")
     train.add_argument("--out", metavar="DIR", help="where train.json goes (default: the study's folder, "
                                                     "else studies/train)")
-    train.add_argument("--no-progress", action="store_true")
+    train.add_argument("--no-progress", action="store_true", help="no progress line")
 
     spaces = sub.add_parser("spaces", help="list the built-in search spaces and validate them (or the given files)")
     spaces.add_argument("paths", nargs="*", metavar="SPACE.yaml",
