@@ -116,7 +116,9 @@ def test_compare_says_the_pick_drifts_on_planted_harm() -> None:
 
 
 def test_compare_runs_both_configs_and_says_the_pick_holds_on_a_clean_workload(tmp_path: Path) -> None:
-    path = _config_file(tmp_path, BF16, throughput=5000.0, baseline=FP32)
+    """The pick packs two co-located copies (seeds 0 and 1): their samples and rates add up, copy 0's curve
+    (seed 0, as the baseline's) is judged."""
+    path = _config_file(tmp_path, BF16.replace(processes_per_gpu=2, memory_fraction=0.5), throughput=5000.0, baseline=FP32)
     proc = subprocess.run([sys.executable, "-m", "autotune", "train", f"{planted.__file__}:train_clean",
                            "--config", str(path), "--steps", "96", "--compare", "--out", str(tmp_path),
                            "--no-progress"], capture_output=True, text=True, timeout=300,
@@ -126,6 +128,9 @@ def test_compare_runs_both_configs_and_says_the_pick_holds_on_a_clean_workload(t
     assert set(doc["runs"]) == {"baseline", "pick"}
     for run in doc["runs"].values():
         assert run["steps_done"] == 96 and len(run["losses"]) == 96
+    pick = doc["runs"]["pick"]
+    assert pick["samples"] == 2 * 96 * 64 and pick["extras"]["copy_statuses"] == ["ok", "ok"]
+    assert pick["throughput"] == pytest.approx(sum(pick["extras"]["copy_throughputs"]))
     comparison = doc["comparison"]
     assert comparison["accuracy"] == "holds", comparison["evidence"]
     assert comparison["evidence"].startswith("paired")

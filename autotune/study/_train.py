@@ -193,11 +193,12 @@ class TrainRun:
 
 def _check_runnable(config: TrialConfig) -> None:
     if config.processes_per_trial > 1:
-        raise KnobError(f"autotune train runs one training process; the config asks for processes_per_trial="
+        raise KnobError(f"autotune train runs one process per training; the config asks for processes_per_trial="
                         f"{config.processes_per_trial} (a DDP job): start it with torchrun instead")
-    if config.processes_per_gpu > 1:
-        raise KnobError(f"autotune train runs one training process; the config packs processes_per_gpu="
-                        f"{config.processes_per_gpu} independent copies on the GPU: run that many copies yourself")
+    if config.mps:
+        raise KnobError("autotune train does not start CUDA MPS: the config's copies run as MPS clients (mps=true); "
+                        "start the daemon (nvidia-cuda-mps-control -d) and run the copies yourself, or train "
+                        "with mps=false")
 
 
 def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label: str = "pick", seed: int = 0,
@@ -496,12 +497,14 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
     Raises:
         StudyError: a config that cannot be read, or a length that cannot be resolved.
         WorkloadError: ``train_fn`` cannot be imported.
-        KnobError: a config ``autotune train`` cannot run in one process.
+        KnobError: a config ``autotune train`` cannot run (a DDP job, or copies under CUDA MPS).
     """
     plan = load_plan(config=config, study=study, studies_dir=studies_dir)
     if compare and plan.pick is None:
         raise StudyError("--compare needs a pick to compare with the baseline: give --study or --config")
     length = resolve_length(plan, epochs=epochs, steps=steps, minutes=minutes, compare=compare)
+    for cfg in (plan.config, plan.baseline) if compare else (plan.config,):
+        _check_runnable(cfg)  # before anything trains
     if metric_direction not in ("maximize", "minimize"):
         raise ValueError(f"metric_direction must be 'maximize' or 'minimize', not {metric_direction!r}")
     folder = Path(out) if out is not None else (study_dir(plan.study, Path(studies_dir)) if plan.study
@@ -521,7 +524,7 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         _write(path, doc)
 
     interrupted = False
-    if not compare:
+    if not compare and plan.config.processes_per_gpu == 1:
         label = "pick" if plan.pick is not None else "baseline"
         line = _ProgressLine(label, progress)
         stopper: dict[str, Any] = {}
@@ -534,7 +537,8 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         interrupted = result.status == "interrupted"
     else:
         target = target or target_of(fn)  # type: ignore[arg-type]
-        for label, cfg in (("baseline", plan.baseline), ("pick", plan.config)):
+        single = (("pick" if plan.pick is not None else "baseline", plan.config),)
+        for label, cfg in (("baseline", plan.baseline), ("pick", plan.config)) if compare else single:
             result = _run_child(target, cfg, length, label=label, seed=seed, folder=folder,
                                 baseline_batch_size=plan.baseline.global_batch_size,
                                 metric_direction=metric_direction, progress=progress)
@@ -631,42 +635,85 @@ def _finite(value: Any) -> Any:
 # -- a run in its own process (--compare) ------------------------------------------------------------
 def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, seed: int, folder: Path,
                baseline_batch_size: int, metric_direction: str, progress: bool) -> TrainRun:
-    """One run in a fresh process forked from the trial server (torch already imported, CUDA untouched), in
-    its own session: a Ctrl-C reaches it once, forwarded from here; a second one ends it at once."""
+    """The run in fresh processes forked from the trial server (torch already imported, CUDA untouched), each
+    in its own session: a Ctrl-C reaches them once, forwarded from here; a second one ends them at once.
+
+    A config of ``processes_per_gpu`` N trains N independent copies at once on the device, copy i at seed
+    ``seed + i`` (as a study's co-located trial): the run is their aggregate (``_aggregate``).
+    """
     from autotune.study._isolation import _mp_context
 
     folder.mkdir(parents=True, exist_ok=True)
-    result_path = folder / f".train-{label}.json"
-    result_path.unlink(missing_ok=True)
-    spec = {"target": target, "config": config.to_dict(), "length": length.to_dict(), "label": label, "seed": seed,
-            "baseline_batch_size": baseline_batch_size, "metric_direction": metric_direction, "progress": progress,
-            "result": str(result_path)}
-    child = _mp_context().Process(target=_child_entry, args=(json.dumps(spec), dict(os.environ)), daemon=False)
+    copies = config.processes_per_gpu
+    children, paths = [], []
+    for index in range(copies):
+        name = label if copies == 1 else f"{label}-copy{index}"
+        path = folder / f".train-{name}.json"
+        path.unlink(missing_ok=True)
+        spec = {"target": target, "config": config.to_dict(), "length": length.to_dict(), "label": name,
+                "seed": seed + index, "baseline_batch_size": baseline_batch_size, "metric_direction": metric_direction,
+                "progress": progress and index == 0, "result": str(path), "copies": copies}
+        children.append(_mp_context().Process(target=_child_entry, args=(json.dumps(spec), dict(os.environ))))
+        paths.append(path)
     forwarded = {"count": 0}
 
     def forward(signum: int, frame: Any) -> None:
         forwarded["count"] += 1
-        if child.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGINT if forwarded["count"] == 1 else signal.SIGKILL)
+        for child in children:
+            if child.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGINT if forwarded["count"] == 1 else signal.SIGKILL)
 
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        child.start()
-        child.join()
-        code_ = child.exitcode
+        for child in children:
+            child.start()
+        for child in children:
+            child.join()
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    try:
-        run = TrainRun.from_dict(json.loads(result_path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        raise AutotuneError(f"the {label} run's process ended (exit code {code_}) without its result ({exc})") from None
-    finally:
-        result_path.unlink(missing_ok=True)
+    runs = []
+    for child, path in zip(children, paths):
+        try:
+            runs.append(TrainRun.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError) as exc:
+            raise AutotuneError(f"the {label} run's process ended (exit code {child.exitcode}) without its result "
+                                f"({exc})") from None
+        finally:
+            path.unlink(missing_ok=True)
+    run = _aggregate(label, runs) if copies > 1 else runs[0]
     if forwarded["count"] and run.status == "ok":
         run = dataclasses.replace(run, status="interrupted")
     return run
+
+
+STATUS_ORDER = ("error", "oom", "nan", "interrupted", "ok")  # the aggregate of copies has the worst status
+
+
+def _aggregate(label: str, runs: list[TrainRun]) -> TrainRun:
+    """Co-located copies as one run: their samples and throughputs summed (the device's delivered rate, as a
+    study's co-located trial counts it), copy 0's loss curve, metrics and pairing (it trains at the run's
+    seed), the device's energy (every copy read the same counter: the largest reading) over all samples."""
+    first = runs[0]
+    status = min((r.status for r in runs), key=lambda s: STATUS_ORDER.index(s) if s in STATUS_ORDER else 0)
+    total = sum(r.samples for r in runs)
+
+    def summed(name: str) -> Optional[float]:
+        values = [getattr(r, name) for r in runs]
+        return sum(values) if all(v is not None for v in values) else None
+
+    energies = [r.energy_j for r in runs if r.energy_j is not None]
+    energy = max(energies) if energies else None
+    wall = max(r.wall_seconds for r in runs)
+    return dataclasses.replace(
+        first, label=label, status=status, error=next((r.error for r in runs if r.error), None), samples=total,
+        seconds=max(r.seconds for r in runs), wall_seconds=wall, throughput=summed("throughput"),
+        throughput_low=summed("throughput_low"), throughput_high=summed("throughput_high"),
+        wall_throughput=total / wall if wall > 0 else None, energy_j=energy,
+        joules_per_sample=energy / total if energy is not None and total else None,
+        extras={**first.extras, "copies": len(runs), "copy_throughputs": [r.throughput for r in runs],
+                "copy_statuses": [r.status for r in runs]})
 
 
 def _child_entry(text: str, environ: dict[str, str]) -> None:
@@ -690,6 +737,13 @@ def _child_main(text: str) -> int:
 
     spec = json.loads(text)
     config = TrialConfig.from_dict(spec["config"])
+    if spec.get("copies", 1) > 1 and config.cpu_threads is None:
+        import torch
+
+        from autotune.hardware import usable_cpus
+
+        if not torch.cuda.is_available():  # co-located copies on the CPU share its cores, as a study's do
+            torch.set_num_threads(max(1, usable_cpus() // spec["copies"]))
     length = RunLength(**spec["length"])
     line = _ProgressLine(spec["label"], spec["progress"])
     stopper: dict[str, Any] = {}
