@@ -136,6 +136,7 @@ def test_compare_runs_both_configs_and_says_the_pick_holds_on_a_clean_workload(t
     assert comparison["evidence"].startswith("paired")
     assert comparison["speedup"] > 0 and comparison["speedup_low"] <= comparison["speedup"] <= comparison["speedup_high"]
     assert "Accuracy: the pick's training holds" in proc.stdout and "Speed: the pick ran at" in proc.stdout
+    assert "Loss curves, the mean of each quarter of the run: baseline " in proc.stdout
 
 
 def test_the_promise_is_a_ratio_with_its_range_and_a_contradiction_is_said() -> None:

@@ -595,6 +595,11 @@ def _closing_lines(runs: dict[str, TrainRun], check: dict[str, Any], comparison:
         if comparison.get("speed_what"):
             lines.append("Speed: " + comparison["speed_what"] + ".")
         lines.append("Accuracy: " + comparison["accuracy_what"] + ".")
+        quarters = [f"{label} " + ", ".join(f"{v:.4g}" for v in _quarters(runs[label].losses))
+                    for label in ("baseline", "pick") if runs[label].losses]
+        if quarters:
+            lines.append("Loss curves, the mean of each quarter of the run: "
+                         + "; ".join(quarters) + f" (every point in {path.name}).")
         pick, base = runs["pick"], runs["baseline"]
         if pick.joules_per_sample is not None and base.joules_per_sample is not None:
             lines.append(f"Energy: {pick.joules_per_sample / base.joules_per_sample:.2f}x the baseline's joules "
@@ -603,6 +608,13 @@ def _closing_lines(runs: dict[str, TrainRun], check: dict[str, Any], comparison:
         lines.append("Interrupted: the run stopped at an optimizer step; what it measured is kept.")
     lines.append(f"Written to {path}")
     return lines
+
+
+def _quarters(losses: tuple[float, ...]) -> list[float]:
+    """The curve's mean over each quarter of its points."""
+    n = len(losses)
+    bounds = [round(n * q / 4) for q in range(5)]
+    return [sum(losses[a:b]) / (b - a) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def _now() -> str:
