@@ -1,7 +1,8 @@
 """``autotune train``: the real run's length, its schedule, Ctrl-C, the comparison's verdict and its energy.
 
-The runs are real trainings of the tiny workloads on the CPU, in this process (``autotune.train``) or, for
-Ctrl-C and ``--compare``, in the command's own processes.
+The runs are real trainings of the tiny workloads on the CPU: in this process (``autotune.train``, the CLI's
+``main``; Ctrl-C is a real SIGINT the workload sends itself), or for ``--compare`` in the command's own
+processes. The energy counter is ``autotune.testing.FakeNvml``'s, in a real study's trial too.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import autotune
 from autotune import TrialConfig
-from autotune.study._train import compare_runs, promise_check, run_once, Promise
+from autotune.study._train import Promise, compare_runs, promise_check, run_once
 from autotune.testing import FakeNvml
 from autotune.trial._run import RunLength
 from benchmarks.workloads import planted
