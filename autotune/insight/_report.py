@@ -212,7 +212,7 @@ def energy_record(attrs: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:
     if isinstance(per_sample, (int, float)):
         return {"joules_per_sample": per_sample, "energy_j": attrs.get("extra:gpu.energy_j"),
                 "what": f"{per_sample:.4g} J/sample over the timed windows (NVML energy counter)"}
-    why = ("no GPU: the CPU has no energy counter autotune reads" if not cuda
+    why = ("no GPU (the CPU has no energy counter autotune reads)" if not cuda
            else "the GPU's driver gives no energy counter (NVML nvmlDeviceGetTotalEnergyConsumption)")
     return {"joules_per_sample": None, "energy_j": None, "what": f"not measured: {why}"}
 
