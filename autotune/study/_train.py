@@ -149,7 +149,8 @@ class TrainRun:
     label: str  # "pick" or "baseline"
     config: TrialConfig
     length: dict[str, Optional[int]]
-    status: str  # "ok", "interrupted", "nan" or "error"
+    status: str  # "ok", "interrupted", "nan", "oom", "error"; "running" in a file written between epochs,
+    # "crashed" when its process died after one
     error: Optional[str] = None
     optimizer_steps: int = 0  # the run's planned optimizer steps (ctx.optimizer_steps)
     steps_done: int = 0
@@ -230,7 +231,7 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
     if on_start is not None:
         on_start(run)
     if checkpoint is not None:
-        run.hooks.append(lambda _epoch: checkpoint(_measured(run, ctx, label, config, length, "interrupted",
+        run.hooks.append(lambda _epoch: checkpoint(_measured(run, ctx, label, config, length, "running",
                                                              None, started, energy, in_progress=True)))
     if energy is not None:
         energy.start()
@@ -688,7 +689,11 @@ def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, see
     runs = []
     for child, path in zip(children, paths):
         try:
-            runs.append(TrainRun.from_dict(json.loads(path.read_text(encoding="utf-8"))))
+            run = TrainRun.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            if run.status == "running":  # its process died after an epoch: what it measured until then
+                run = dataclasses.replace(run, status="crashed",
+                                          error=f"its process died (exit code {child.exitcode}) during the run")
+            runs.append(run)
         except (OSError, ValueError) as exc:
             raise AutotuneError(f"the {label} run's process ended (exit code {child.exitcode}) without its result "
                                 f"({exc})") from None
@@ -700,7 +705,7 @@ def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, see
     return run
 
 
-STATUS_ORDER = ("error", "oom", "nan", "interrupted", "ok")  # the aggregate of copies has the worst status
+STATUS_ORDER = ("crashed", "error", "oom", "nan", "interrupted", "ok")  # the aggregate of copies has the worst status
 
 
 def _aggregate(label: str, runs: list[TrainRun]) -> TrainRun:
@@ -764,9 +769,16 @@ def _child_main(text: str) -> int:
         with _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
             run = run_once(fn, config, length, label=spec["label"], seed=spec["seed"],
                            baseline_batch_size=spec["baseline_batch_size"], metric_direction=spec["metric_direction"],
-                           progress=line, on_start=lambda r: stopper.__setitem__("run", r))
+                           progress=line, on_start=lambda r: stopper.__setitem__("run", r),
+                           checkpoint=lambda partial: _write_json(Path(spec["result"]), partial.to_dict()))
     except (AutotuneError, WorkloadError) as exc:
         run = TrainRun(label=spec["label"], config=config, length=length.to_dict(), status="error", error=str(exc))
     line.done()
-    Path(spec["result"]).write_text(json.dumps(_finite(run.to_dict())), encoding="utf-8")
+    _write_json(Path(spec["result"]), run.to_dict())
     return 0
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_finite(data)), encoding="utf-8")
+    os.replace(tmp, path)
