@@ -71,7 +71,9 @@ def _space_for(spec: dict[str, Any], args: argparse.Namespace, workdir: Path) ->
 
     if not (args.tiny or args.samples):
         return spec["space"]
-    source = spec["space"] or "cpu_default"
+    import torch
+
+    source = spec["space"] or ("gpu_default" if torch.cuda.is_available() else "cpu_default")
     doc = yaml.safe_load(Path(source).read_text()) if spec["space"] else load_space(source).to_dict()
     doc.setdefault("budget", {})["samples"] = args.samples or 2048
     path = workdir / f"space-{Path(str(source)).stem}.yaml"
