@@ -13,6 +13,7 @@ from autotune.insight._report import annotate_study, write_report
 from autotune.search._sampler import GuidedSampler
 from autotune.search._simulate import ReplayTable, simulate
 from autotune.search._space import SearchSpace, load_space
+from autotune.study._train import TrainResult, TrainRun, train
 from autotune.study._tuner import Tuner
 
 __version__ = "0.1.0"
@@ -50,6 +51,8 @@ __all__ = [
     "TrialContext",
     "TrialOutcome",
     "TrialRecord",
+    "TrainResult",
+    "TrainRun",
     "Tuner",
     "WorkloadError",
     "annotate_study",
@@ -62,5 +65,6 @@ __all__ = [
     "load_study_result",
     "run",
     "simulate",
+    "train",
     "write_report",
 ]

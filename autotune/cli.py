@@ -175,6 +175,29 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("study", help="the study's name (tune's --study; default there: the function's name)")
     _add_storage_options(report)
 
+    train = sub.add_parser("train", help="train for real with a study's pick (or a config, or the baseline) and "
+                                         "check the study's promise at full length")
+    train.add_argument("target", metavar="PATH_OR_MODULE:FUNC", help="the function the study tuned")
+    source = train.add_mutually_exclusive_group()
+    source.add_argument("--study", help="train with this study's best_config.json (under --studies-dir)")
+    source.add_argument("--config", metavar="PATH", help="train with this best_config.json (or a config file)")
+    length = train.add_mutually_exclusive_group(required=True)
+    length.add_argument("--epochs", type=_positive_int, help="epochs of ctx.loader")
+    length.add_argument("--steps", type=_positive_int, help="optimizer steps")
+    length.add_argument("--minutes", type=_positive_float,
+                        help="the samples the study's throughput for the config trains in this many minutes")
+    train.add_argument("--compare", action="store_true",
+                       help="train the baseline too, for the same samples, and compare speed and loss curves")
+    train.add_argument("--seed", type=int, default=0, help="ctx.seed (default 0, the study's first fp32 reference)")
+    train.add_argument("--metric-direction", choices=("maximize", "minimize"), default="maximize",
+                       help="whether a higher reported metric is better (default maximize)")
+    train.add_argument("--max-accuracy-loss", type=_bound, default=0.01,
+                       help="--compare: the accuracy verdict's bound on the metric's loss (default 0.01)")
+    train.add_argument("--studies-dir", default="studies", help="where --study's folder is (default studies)")
+    train.add_argument("--out", metavar="DIR", help="where train.json goes (default: the study's folder, "
+                                                    "else studies/train)")
+    train.add_argument("--no-progress", action="store_true", help="no progress line")
+
     spaces = sub.add_parser("spaces", help="list the built-in search spaces and validate them (or the given files)")
     spaces.add_argument("paths", nargs="*", metavar="SPACE.yaml",
                         help="search space files to validate (default: the built-in spaces)")
@@ -459,6 +482,9 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         if result.best.config.allocator != "default":
             say(f"Allocator: {escape(result.best.config.memory_allocator)}.")
         _say_accuracy(say, result)
+        say(f"Energy: {(_document(result).get('energy') or {}).get('what', 'not measured')}.")
+        if (_document(result).get("real_run") or {}).get("what"):
+            say(f"The real run: {_document(result)['real_run']['what']}.")
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
     if result.colocation_warning:
@@ -837,6 +863,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _best(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "train":
+            from autotune.study._train import train
+
+            done = train(args.target, config=args.config, study=args.study, epochs=args.epochs, steps=args.steps,
+                         minutes=args.minutes, compare=args.compare, seed=args.seed, studies_dir=args.studies_dir,
+                         out=args.out, metric_direction=args.metric_direction,
+                         max_accuracy_loss=args.max_accuracy_loss, progress=not args.no_progress)
+            return 130 if done.interrupted else 0 if all(r.status in ("ok",) for r in done.runs.values()) else 1
         if args.command == "spaces":
             return _spaces(args)
         if args.command == "dashboard":

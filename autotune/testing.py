@@ -25,7 +25,8 @@ class FakeNvml:
     Args:
         readings: One mapping per sample, with any of ``sm_clock_mhz``, ``gpu_util_pct``,
             ``mem_used_gib``, ``power_w``, ``temperature_c``, ``pcie_tx_kb_s``, ``pcie_rx_kb_s``
-            (NVML reports PCIe throughput in KB/s) and ``clock_event_reasons`` (NVML's bit mask).
+            (NVML reports PCIe throughput in KB/s), ``clock_event_reasons`` (NVML's bit mask) and
+            ``energy_mj`` (the energy counter, millijoules since the driver loaded).
         clocks_event_api: ``False`` acts as a driver older than r535, which only has
             ``nvmlDeviceGetCurrentClocksThrottleReasons``.
         devices: How many GPUs ``nvmlDeviceGetHandleByIndex`` knows.
@@ -95,6 +96,9 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
         return self._next("nvmlDeviceGetCurrentClocksThrottleReasons", "clock_event_reasons")
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        return int(self._next("nvmlDeviceGetTotalEnergyConsumption", "energy_mj"))  # millijoules
 
     def count(self, function: str) -> int:
         """How many times ``function`` was called."""

@@ -41,10 +41,17 @@ def train(ctx: autotune.TrialContext) -> None:
     train_set, test_set = make_data(4096, seed=ctx.seed), make_data(1024, seed=10_000)
     model = ctx.model(make_model())                       # to ctx.device, channels_last, torch.compile
     opt = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.05 * ctx.lr_scale, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()                       # loss_fn(outputs, targets) -> a scalar tensor
-    step = ctx.train_step(model, opt, loss_fn)            # autocast, GradScaler, accumulation, CUDA Graphs
     loader = ctx.loader(train_set)                        # batch size, workers, pinning, prefetch
-    for images, labels in ctx.batches(loader):            # on ctx.device; warm-up, timed windows, budget
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=ctx.optimizer_steps)  # the whole run
+    loss_fn = nn.CrossEntropyLoss()                       # loss_fn(outputs, targets) -> a scalar tensor
+    step = ctx.train_step(model, opt, loss_fn, scheduler=schedule)  # autocast, GradScaler, accumulation, graphs
+
+    def end_of_epoch(epoch: int) -> None:                 # autotune train runs it between epochs; a trial never
+        ctx.report_metric(evaluate(ctx, model, test_set))  # the progress line shows the best so far
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}, "checkpoint.pt")
+
+    ctx.on_epoch_end(end_of_epoch)
+    for images, labels in ctx.batches(loader):            # on ctx.device; a trial's budget, or the real run
         step(images, labels)                              # loss_fn(model(images), labels), backward, step
     ctx.report_metric(evaluate(ctx, model, test_set))     # accuracy (or a loss, see --metric-direction)
 

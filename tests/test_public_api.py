@@ -18,8 +18,8 @@ PUBLIC_NAMES = [
     "AutotuneError", "Budget", "Diagnosis", "GuidedSampler", "KnobError", "Measurement", "MissingExtraError",
     "NonFiniteLoss",
     "ReplayTable", "ReportError", "Result", "SearchSpace", "SpaceError", "StudyError", "TableError", "TrialConfig",
-    "TrialContext", "TrialOutcome", "TrialRecord", "Tuner", "WorkloadError", "annotate_study", "annotate_trials",
-    "applied", "diagnose", "float8_filter", "load_best", "load_space", "load_study_result", "run", "simulate", "write_report",
+    "TrialContext", "TrialOutcome", "TrialRecord", "TrainResult", "TrainRun", "Tuner", "WorkloadError", "annotate_study", "annotate_trials",
+    "applied", "diagnose", "float8_filter", "load_best", "load_space", "load_study_result", "run", "simulate", "train", "write_report",
 ]
 
 COMMANDS = {
@@ -33,6 +33,8 @@ COMMANDS = {
     "report": {"study"},
     "spaces": set(),
     "simulate": {"table"},
+    "train": {"target", "--study", "--config", "--epochs", "--steps", "--minutes", "--compare", "--seed", "--out",
+              "--studies-dir", "--metric-direction", "--max-accuracy-loss", "--no-progress"},
     "dashboard": set(),
 }
 
@@ -48,7 +50,8 @@ CONFIG_FIELDS = [
 CONTEXT_HELPERS = {
     "model", "optimizer", "loader", "image_loader", "train_step", "attention", "checkpoint", "autocast",
     "to_device", "batches", "record_loss", "record_window", "report_metric", "record", "lr_scale", "lr_scale_sqrt",
-    "measurement", "step_clock", "ddp", "world_size", "rank", "copy_index",
+    "measurement", "step_clock", "ddp", "world_size", "rank", "copy_index", "epoch", "on_epoch_end",
+    "optimizer_steps", "warmup_steps", "micro_steps",
 }
 TRAIN_STEP_OPTIONS = {"model", "optimizer", "loss_fn", "clip_grad_norm", "scheduler"}
 
@@ -57,7 +60,7 @@ BEST_CONFIG_KEYS = {
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
-    "float8", "allocator", "compile", "time_to_first_faster", "evidence_length",
+    "float8", "allocator", "compile", "time_to_first_faster", "evidence_length", "energy", "real_run",
 }
 
 

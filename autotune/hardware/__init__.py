@@ -1,10 +1,13 @@
-"""The hardware layer: what the machine can run and who it is, and NVML readings during a trial.
+"""The hardware layer: what the machine can run and who it is, and NVML readings during a trial
+(``GpuSampler``; ``EnergyMeter`` reads the energy counter).
 
 ``_machine`` is the only module of autotune that imports ``pynvml``.
 """
 
 from autotune.hardware._machine import (
+    ENERGY_NOT_MEASURED,
     Capabilities,
+    EnergyMeter,
     GpuSampler,
     check_install,
     dali_availability,
@@ -20,7 +23,9 @@ from autotune.hardware._mps import MPS_MODES, MpsDaemon, MpsSession, find_runnin
 
 __all__ = [
     "MPS_MODES",
+    "ENERGY_NOT_MEASURED",
     "Capabilities",
+    "EnergyMeter",
     "GpuSampler",
     "check_install",
     "MpsDaemon",

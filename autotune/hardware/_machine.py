@@ -518,6 +518,8 @@ class GpuSampler:
             except Exception:
                 self._nvml = None
 
+        self.energy = EnergyMeter(index=index, nvml=self._nvml) if self._nvml is not None else None
+
     @property
     def active(self) -> bool:
         return self._nvml is not None
@@ -578,6 +580,8 @@ class GpuSampler:
 
         if not self.active or self._thread is not None:
             return
+        if self.energy is not None:
+            self.energy.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="autotune-nvml", daemon=True)
         self._thread.start()
@@ -587,6 +591,8 @@ class GpuSampler:
             self._stop.set()
             self._thread.join()
             self._thread = None
+            if self.energy is not None:
+                self.energy.stop()
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -602,7 +608,69 @@ class GpuSampler:
         if self.throttled:
             out["gpu.throttle_fraction"] = round(sum(self.throttled) / len(self.throttled), 3)
             out["gpu.throttle_reasons"] = sorted(self.throttle_reasons)
+        if self.energy is not None and self.energy.joules is not None:
+            out["gpu.energy_j"] = round(self.energy.joules, 3)
         return out
+
+
+ENERGY_NOT_MEASURED = "not measured"
+
+
+class EnergyMeter:
+    """The GPU's energy counter (``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver loaded)
+    read at ``start()`` and ``stop()``: ``joules`` is what the device drew in between. It only reads: no power
+    setting is changed. Without NVML, a GPU or the counter (boards before Volta), ``joules`` stays None and
+    ``why`` says so.
+
+    Args:
+        index: CUDA device index (mapped to NVML's through ``CUDA_VISIBLE_DEVICES``).
+        nvml: An object with pynvml's functions, already initialised; defaults to the ``pynvml`` module.
+    """
+
+    def __init__(self, *, index: int = 0, nvml: Any = None) -> None:
+        self.joules: Optional[float] = None
+        self.why = f"{ENERGY_NOT_MEASURED}: no NVML (no GPU or no driver)"
+        self._nvml = nvml
+        self._handle: Any = None
+        self._start: Optional[int] = None
+        if self._nvml is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            except Exception:  # no library or no driver: measure nothing
+                return
+        try:
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(visible_index(index))
+        except Exception:
+            self._nvml = None
+            self.why = f"{ENERGY_NOT_MEASURED}: NVML knows no GPU {index}"
+
+    @property
+    def active(self) -> bool:
+        return self._handle is not None
+
+    def _read(self) -> Optional[int]:
+        try:
+            return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except Exception:  # not supported on this board or driver
+            self.why = f"{ENERGY_NOT_MEASURED}: this GPU's driver gives no energy counter"
+            self._handle = None
+            return None
+
+    def start(self) -> None:
+        self.joules = None
+        self._start = self._read() if self.active else None
+
+    def stop(self) -> Optional[float]:
+        """Joules since ``start()`` (None when not measured)."""
+        if self._start is not None and self.active:
+            end = self._read()
+            if end is not None:
+                self.joules = max(0, end - self._start) / 1000.0
+        self._start = None
+        return self.joules
 
 
 # NVML's clock event (throttle) reason bits; 0x1 (GPU idle) is not a throttle.

@@ -147,6 +147,9 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         else:
             text += f"verdict: {NO_FASTER_CONFIG}: {result.why_not_faster}; keep the baseline."
         lines.append(text)
+    if best is not None:
+        energy = energy_record(study.trials[best.number].user_attrs, cuda=bool((attrs.get("hardware") or {}).get("cuda")))
+        lines.append(f"Energy of the best: {energy['what']}.")
     if result.colocation_warning:
         lines.append(f"**Warning:** {result.colocation_warning}.")
     reference = attrs.get("reference_metric")
@@ -201,6 +204,18 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         d = diagnoses[best.number]
         lines.append(f"The best config is **{d.label}**: {d.evidence} Next step: {hint}")
     return lines
+
+
+def energy_record(attrs: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:
+    """A trial's energy per sample from its NVML energy counter (``extra:gpu.joules_per_sample``, over its
+    timed windows), or why it was not measured: ``{"joules_per_sample", "energy_j", "what"}``."""
+    per_sample = attrs.get("extra:gpu.joules_per_sample")
+    if isinstance(per_sample, (int, float)):
+        return {"joules_per_sample": per_sample, "energy_j": attrs.get("extra:gpu.energy_j"),
+                "what": f"{per_sample:.4g} J/sample over the timed windows (NVML energy counter)"}
+    why = ("no GPU (the CPU has no energy counter autotune reads)" if not cuda
+           else "the GPU's driver gives no energy counter (NVML nvmlDeviceGetTotalEnergyConsumption)")
+    return {"joules_per_sample": None, "energy_j": None, "what": f"not measured: {why}"}
 
 
 def race_line(race_record: dict[str, Any]) -> str:

@@ -1,8 +1,8 @@
 """The study layer: driving a study.
 
 The tuner loop and its parts (``_tuner``), trial processes, one or the ranks of a DDP job (``_isolation``), storage URLs
-(``_storage``), worker liveness (``_workers``), the progress bar (``_progress``) and
-``best_config.json`` (``_results``).
+(``_storage``), worker liveness (``_workers``), the progress bar (``_progress``),
+``best_config.json`` (``_results``) and the real run with the pick (``_train``).
 """
 
 from autotune.study._options import (
@@ -13,6 +13,7 @@ from autotune.study._options import (
     TrialOptions,
     TunerOptions,
 )
+from autotune.study._train import TrainPlan, TrainResult, TrainRun, train
 from autotune.study._tuner import Tuner
 
 __all__ = [
@@ -20,7 +21,11 @@ __all__ = [
     "ConfirmOptions",
     "SearchOptions",
     "StudyOptions",
+    "TrainPlan",
+    "TrainResult",
+    "TrainRun",
     "TrialOptions",
     "Tuner",
     "TunerOptions",
+    "train",
 ]

@@ -182,6 +182,7 @@ class _Race:
         self.live = [key for key, _, _ in entrants if key != base_key]
         self.rounds: list[dict[str, Optional[float]]] = []
         self.loads: list[dict[str, Any]] = []
+        self.energy: dict[str, list[float]] = {}  # joules per sample of each entrant's runs, where NVML counts them
         self.dropped: dict[str, str] = {}
         self.ended = ""
         self.seconds = 0.0
@@ -245,6 +246,9 @@ class _Race:
                                      timeout=clock.cap(runner.timeout))
                 ok = outcome.ok and outcome.measurement is not None
                 rates[key] = outcome.measurement.throughput if ok else None  # type: ignore[union-attr]
+                joules = outcome.measurement.extras.get("gpu.joules_per_sample") if ok else None  # type: ignore[union-attr]
+                if joules is not None:
+                    self.energy.setdefault(key, []).append(joules)
                 load[key] = before
             if rates:
                 self.rounds.append(rates)
@@ -283,7 +287,7 @@ class _Race:
             "race": {"dropped": self.dropped, "ended": self.ended, "seconds": round(self.seconds, 3),
                      "runs": sum(1 for r in self.rounds for v in r.values() if v is not None),
                      "noisy": spread > NOISY_MACHINE, "baseline_disagreement": round(spread, 4),
-                     "load": self.loads},
+                     "load": self.loads, "joules_per_sample": self.energy},
             "worker": worker,
         }
 

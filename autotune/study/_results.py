@@ -15,6 +15,7 @@ import optuna
 
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Result, TrialConfig, dumps
 from autotune._records import CONFIRMATION, study_dir
+from autotune.insight._report import energy_record
 
 
 def best_config_document(study: optuna.Study, result: Result, unconfirmed: str = "", *,
@@ -69,8 +70,55 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         # The order of the study: when a faster config was first measured, and how long its evidence is.
         "time_to_first_faster": study.user_attrs.get("first_faster"),
         "evidence_length": _evidence_length(study.user_attrs),
+        # Joules per sample of the best's timed windows (NVML's energy counter), or why not measured.
+        # With --train-minutes/--train-steps declared: what the pick means for the real run's time.
+        "real_run": real_run_estimate(study.user_attrs, result),
+        "energy": energy_record(trial.user_attrs if trial else {},
+                                cuda=bool((study.user_attrs.get("hardware") or {}).get("cuda"))),
         "written": written,
     }
+
+
+def real_run_estimate(attrs: dict[str, Any], result: Result) -> Optional[dict[str, Any]]:
+    """The declared real training (``train_steps`` at the baseline's global batch, or ``train_minutes`` with the
+    pick) in time with the baseline and with the pick, the range from the speed-up's spread; None undeclared.
+
+    "N steps take X with the baseline and Y with the pick": the same samples at each one's throughput.
+    """
+    steps, minutes = attrs.get("train_steps"), attrs.get("train_minutes")
+    best, base_rate = result.best, result.baseline_throughput
+    if (steps is None and minutes is None) or best is None or not base_rate or not best.throughput:
+        return None
+    batch = result.baseline.global_batch_size
+    speedup = best.throughput / base_rate
+    low = result.speedup_low if not math.isnan(result.speedup_low) else speedup
+    high = result.speedup_high if not math.isnan(result.speedup_high) else speedup
+    if steps is not None:
+        samples = int(steps) * batch
+        baseline_s = samples / base_rate
+        pick_s, pick_lo, pick_hi = baseline_s / speedup, baseline_s / high, baseline_s / low
+        base_lo = base_hi = baseline_s
+        what = (f"{int(steps):,} steps ({samples:,} samples at the baseline's global batch {batch}) take "
+                f"{_span(baseline_s)} with the baseline and {_span(pick_s)} with the pick "
+                f"({_span(pick_lo)}-{_span(pick_hi)} from the speed-up's spread {low:.2f}x-{high:.2f}x)")
+    else:
+        pick_s = pick_lo = pick_hi = float(minutes) * 60
+        samples = int(pick_s * best.throughput)
+        baseline_s, base_lo, base_hi = pick_s * speedup, pick_s * low, pick_s * high
+        what = (f"{samples // batch:,} steps ({samples:,} samples, the declared {float(minutes):g} minutes with the pick) "
+                f"take {_span(baseline_s)} with the baseline ({_span(base_lo)}-{_span(base_hi)} from the speed-up's "
+                f"spread {low:.2f}x-{high:.2f}x) and {_span(pick_s)} with the pick")
+    return {"steps": samples // batch, "samples": samples, "baseline_seconds": baseline_s,
+            "baseline_seconds_low": base_lo, "baseline_seconds_high": base_hi, "pick_seconds": pick_s,
+            "pick_seconds_low": pick_lo, "pick_seconds_high": pick_hi, "what": what}
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
 
 
 def written_at(path: Path) -> Optional[str]:

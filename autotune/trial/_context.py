@@ -58,8 +58,10 @@ STEP_PROBE_BATCHES = 4
 class TrialContext:
     """What ``train_fn(ctx)`` gets: ``ctx.config`` and helpers that apply it.
 
-    The same helpers work outside a study, to train with the best config: build a context with
-    ``TrialContext(config=autotune.load_best(...))`` and no budget, and ``batches`` yields one epoch.
+    The same helpers work outside a study, to train with the best config: ``autotune train`` (or
+    ``autotune.train``) gives ``train_fn`` a context with a ``run``, and ``batches`` yields the run's whole
+    length, epoch after epoch, calling the hooks of ``on_epoch_end`` between epochs. A context built with
+    ``TrialContext(config=autotune.load_best(...))``, with neither a budget nor a run, yields one epoch.
 
     Args:
         config: The knobs to apply.
@@ -72,6 +74,7 @@ class TrialContext:
         adopt_script_batch: A study's first reference run: a ``batch_size`` the script passes to
             ``ctx.loader`` becomes this run's batch, when nothing the script read yet depended on the batch,
             so the reference need not run again at it (``extras["batch_adopted"]``).
+        run: A real run's length and clock (``autotune.trial._run.RealRun``), under ``autotune train``.
     """
 
     def __init__(
@@ -86,8 +89,12 @@ class TrialContext:
         probe: Optional[str] = None,
         loader_variants: Sequence[TrialConfig] = (),
         adopt_script_batch: bool = False,
+        run: Any = None,
     ) -> None:
         self.config = config
+        self.run = run
+        self._epoch = 0  # epochs of ctx.batches' loader done
+        self._epoch_hooks: list[Callable[[int], Any]] = []  # outside a study and a run: after the one epoch
         # A probe measures one side of the trial apart (see ``autotune.study._probes``): "loader" iterates
         # the input pipeline alone and ends at ctx.loader; "step" replays a few batches through the step.
         self.probe = probe
@@ -271,7 +278,9 @@ class TrialContext:
             self._probe_loaders(dataset, options, kwargs)  # raises ProbeDone
         options = self._loader_options(cfg, options, kwargs)
         if cfg.loader == "device":
-            return self._device_loader(dataset, options)
+            served = self._device_loader(dataset, options)
+            self._epoch_steps = len(served)
+            return served
         if self.budget is not None and options["num_workers"] == 0:
             # Items are read in this process anyway, so a few more reads fork no worker with open handles.
             share = cfg.device_data_share
@@ -493,6 +502,23 @@ class TrialContext:
             tensor = tensor.contiguous(memory_format=torch.channels_last)
         return tensor
 
+    # -- epochs ----------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """Epochs of ``ctx.batches``' loader done so far: inside an ``on_epoch_end`` hook, the one that just
+        ended counts. A study's trial trains a few seconds, so its epochs are not the real run's."""
+        return self.run.epoch if self.run is not None else self._epoch
+
+    def on_epoch_end(self, hook: Callable[[int], Any]) -> None:
+        """Call ``hook(epoch)`` (0-based) after each epoch of ``ctx.batches``: the script's evaluation and
+        checkpointing, as it would run them between epochs. Under ``autotune train`` the hook runs outside
+        the timed windows; a study's trial never calls it (its samples are not epochs of the real run), so
+        the study measures the training steps alone. Register it before the loop."""
+        if self.run is not None:
+            self.run.hooks.append(hook)
+        else:
+            self._epoch_hooks.append(hook)
+
     # -- measured iteration ----------------------------------------------------------------------
     def _plan(self) -> tuple[int, int, int]:
         """Steps (micro-batches) in all, warm-up steps, and steps per timed window. With accumulation each
@@ -529,6 +555,8 @@ class TrialContext:
             self._length_read = True
             scheduled = self.budget.scheduled // self.config.global_batch_size * self.config.accumulation_steps
             return max(self._plan()[0], scheduled)
+        if self.run is not None:
+            return self.run.plan(self._epoch_steps)
         if self._epoch_steps is None:
             raise KnobError("ctx.micro_steps outside a study counts one epoch of ctx.loader: build it first")
         return self._epoch_steps
@@ -537,7 +565,8 @@ class TrialContext:
     def optimizer_steps(self) -> int:
         """Optimizer steps this trial takes (``ctx.batches`` with ``ctx.train_step``): the ``T_max`` of a
         cosine schedule, the ``total_steps`` of OneCycle. Every trial of a study trains on the same samples,
-        so a larger batch takes fewer steps. Outside a study, one epoch of the last ``ctx.loader``.
+        so a larger batch takes fewer steps. Under ``autotune train``, the whole run's (a run of epochs
+        knows it once ``ctx.loader`` is built). Outside both, one epoch of the last ``ctx.loader``.
 
         Raises:
             KnobError: outside a study before any ``ctx.loader``, or the budget leaves no timed window.
@@ -546,12 +575,15 @@ class TrialContext:
 
     @property
     def warmup_steps(self) -> int:
-        """Optimizer steps of the trial's untimed warm-up (compile, cuDNN tuning, graph capture); 0 outside
-        a study. A schedule's own warm-up is the script's choice: this says which steps are not measured.
+        """Optimizer steps of the trial's untimed warm-up (compile, cuDNN tuning, graph capture); under
+        ``autotune train`` the real run's, which its delivered throughput leaves out; 0 outside both. A
+        schedule's own warm-up is the script's choice: this says which steps are not measured.
 
         Raises:
             KnobError: the budget leaves no timed window.
         """
+        if self.run is not None:
+            return self.run.warmup_micro // self.config.accumulation_steps
         if self.budget is None:
             return 0
         self._length_read = True
@@ -573,7 +605,10 @@ class TrialContext:
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Yield device batches: warm-up steps, then the timed windows, until the budget is spent.
 
-        The loader is restarted as often as needed. Outside a study it yields one epoch, untimed.
+        The loader is restarted as often as needed. Under ``autotune train`` it yields the run's length
+        (``ctx.optimizer_steps`` optimizer steps), restarting the loader every epoch and running the
+        ``on_epoch_end`` hooks between epochs; after a Ctrl-C it ends at the next optimizer step. Outside
+        both it yields one epoch, untimed.
 
         A DataLoader with workers from ``ctx.loader`` (or ``image_loader``'s torch path) is also restarted
         halfway through the warm-up, at the same place in the same sample order. Its workers keep
@@ -582,9 +617,16 @@ class TrialContext:
         windows served from that backlog would clock a loader-bound config at its compute speed. The
         restart drops the backlog, and the pipeline's cold start falls in the rest of the warm-up.
         """
+        if self.run is not None:
+            yield from self.run.batches(self, loader)
+            self._epoch = self.run.epoch
+            return
         if self.budget is None:
             for batch in loader:
                 yield self._move(batch)
+            self._epoch += 1
+            for hook in self._epoch_hooks:
+                hook(self._epoch - 1)
             return
         clock = StepClock(self, deadline=self._deadline())
         if self.probe == "step":
@@ -615,6 +657,7 @@ class TrialContext:
                 except StopIteration:
                     iterator = iter(loader)
                     epoch_samples = 0
+                    self._epoch += 1
                     batch = next(iterator, None)
                     if batch is None:
                         raise KnobError(
@@ -665,6 +708,9 @@ class TrialContext:
         """For hand-written loops: record the training loss of one optimizer step (a tensor stays on the
         device, so this does not synchronise)."""
         value = loss.detach().float().reshape(()) if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        if self.run is not None:
+            self.run.record_loss(value)
+            return
         self._recorded_losses.append(value.clone())
 
     def _loss_trajectory(self) -> tuple[list[float], int]:
@@ -706,6 +752,9 @@ class TrialContext:
         if sampler is not None:
             sampler.stop()
             self.extras.update(sampler.summary())
+            timed = sum(w.samples for w in self.recorder.windows)
+            if "gpu.energy_j" in self.extras and timed > 0:  # the counter spans exactly the timed windows
+                self.extras["gpu.joules_per_sample"] = round(self.extras["gpu.energy_j"] / timed, 6)
 
     def _check_hopeless(self, sampler: Any) -> None:
         rate = self.recorder.windows[0].throughput
@@ -722,6 +771,8 @@ class TrialContext:
         if not math.isfinite(value):
             raise NonFiniteLoss(f"evaluation metric is {value}")
         self.metric = value
+        if self.run is not None:
+            self.run.add_metric(value)  # each evaluation of a real run is kept, the best shown
 
     def record(self, key: str, value: Any) -> None:
         """Keep a JSON-serialisable value with the trial's measurement (shown in the dashboard).
