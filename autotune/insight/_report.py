@@ -258,7 +258,7 @@ def plan_lines(split: Mapping[str, Any]) -> list[str]:
         lines.append(f"First faster config: trial #{first.get('trial')} at {first.get('speedup', 0):.2f}x, measured "
                      f"{first['seconds']:.0f} s into the study{share}.")
     elif "first_faster" in split:
-        lines.append("First faster config: none measured.")
+        lines.append("First faster config: no full trial's own run beat the baseline's reference run.")
     reused = split.get("references_reused")
     if isinstance(reused, dict):
         lines.append(f"References: reused from study {reused.get('study')!r} ({reused.get('created')}), 0 s.")
