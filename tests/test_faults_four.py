@@ -1,0 +1,102 @@
+"""Faults, round four: real processes, real Inductor on the CPU, a real small file system, real SQLite.
+
+Each test names the fault it guards against; benchmarks/results/faults.md ("Round four") has the table.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import Budget, TrialConfig
+from autotune.study._runner import TrialRunner
+from autotune.trial._compile_cache import CACHE_DIR_ENV, cache_folder_fault
+from autotune.trial._execute import infra_fault
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS4 = HERE / "round4_workloads.py"
+
+
+def _autotune(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+# -- 1: a broken compile cache is the tuner's fault, and its content is never executed ---------------------
+
+
+def _runner(studies: Path) -> TrialRunner:
+    return TrialRunner(target=f"{WORKLOADS4}:train_compiles_a_function", logdir=studies / "s" / "logs",
+                       baseline=TrialConfig(batch_size=32), budget=Budget(samples=256, warmup_steps=1, windows=3),
+                       timeout=240)
+
+
+def test_a_broken_compile_cache_falls_back_and_a_corrupt_entry_is_discarded_not_run(tmp_path, monkeypatch, capfd):
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    runner = _runner(tmp_path / "studies")
+    config = TrialConfig(batch_size=32, compile="default")
+    runner.compile_cache.parent.mkdir(parents=True)
+    runner.compile_cache.write_text("not a folder")  # a file in place of the folder
+    first = runner.run(config, "t0", seed=0)
+    assert first.status == "ok", first
+    fallback = runner.compile_cache.with_name("compile_cache-fallback")
+    err = capfd.readouterr().err
+    assert err.count("compile cache is unusable") == 1 and "is not a folder" in err and str(fallback) in err, err
+    assert first.measurement.extras["compile_cache"] == "cold"
+    assert runner.compile_cache.read_text() == "not a folder"  # the user's file is left alone
+
+    # Junk in every file of the cache (the fallback, now holding the first trial's entries).
+    entries = [p for p in fallback.rglob("*") if p.is_file() and "triton" not in p.parts]
+    assert any(p.suffix == ".py" for p in entries) and any(p.suffix == ".so" for p in entries)
+    for path in entries:
+        path.write_text("junk\n")
+    second = runner.run(config, "t1", seed=0)
+    assert second.status == "ok", (second.error, second.stderr_tail)  # not NameError: name 'junk' is not defined
+    assert second.measurement.extras["compile_cache_discarded"] >= 3
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "corrupt entries of the study's compile cache" in err, err
+    assert "junk" not in (tmp_path / "studies" / "s" / "logs" / "t1" / "trial.log").read_text()
+
+
+def test_a_read_only_cache_is_checked_before_a_trial_and_replaced(tmp_path, capfd):
+    runner = _runner(tmp_path / "studies")
+    cache = runner.compile_cache
+    (cache / "locks").mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-o", "bind,ro", str(cache), str(cache)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount read-only here: {mounted.stderr.decode().strip()}")
+    try:
+        assert "Read-only file system" in cache_folder_fault(cache)
+        config = TrialConfig(batch_size=32, compile="default")
+        env = runner.spec(config, seed=0).env
+        assert env[CACHE_DIR_ENV] == str(cache.with_name("compile_cache-fallback")), env
+        env = runner.spec(config, seed=0).env  # said once, not once per trial
+        err = capfd.readouterr().err
+        assert err.count("compile cache is unusable") == 1 and "Read-only file system" in err, err
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], capture_output=True)
+    runner.spec(config, seed=0)
+    assert "works again" in capfd.readouterr().err
+    assert runner.spec(config, seed=0).env[CACHE_DIR_ENV] == str(cache)
+
+
+def test_an_os_error_on_the_cache_or_a_full_disk_is_infra_not_the_configs(tmp_path):
+    cache = str(tmp_path / "compile_cache")
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system", f"{cache}/locks/x.lock")
+        except OSError as cause:
+            raise RuntimeError("InductorError: OSError: [Errno 30] Read-only file system") from cause
+    except RuntimeError as exc:
+        assert "compile cache" in infra_fault(exc, cache)
+        assert infra_fault(exc, str(tmp_path / "elsewhere")) == ""
+    assert "the disk is full" in infra_fault(OSError(errno.ENOSPC, "No space left on device"))
+    assert infra_fault(ValueError("a bug in train_fn"), cache) == ""
