@@ -100,3 +100,47 @@ def test_an_os_error_on_the_cache_or_a_full_disk_is_infra_not_the_configs(tmp_pa
         assert infra_fault(exc, str(tmp_path / "elsewhere")) == ""
     assert "the disk is full" in infra_fault(OSError(errno.ENOSPC, "No space left on device"))
     assert infra_fault(ValueError("a bug in train_fn"), cache) == ""
+
+
+# -- 2: a full disk under the studies folder is the tuner's fault, and a resume runs those configs ---------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3 MiB file system (tmpfs), mounted for the test: root only, else skipped."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_under_the_studies_folder_is_infra_and_a_resume_runs_those_configs(small_disk, tmp_path):
+    from scale_workloads import SPACE
+
+    from round3_workloads import FILL_ENV
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    storage = f"sqlite:///{tmp_path / 's.db'}"  # the database elsewhere: only the studies folder fills
+    args = ["tune", f"{HERE / 'round3_workloads.py'}:train_fills_the_disk", "--space", str(tmp_path / "space.yaml"),
+            "--storage", storage, "--study", "s", "--trials", "3", "--studies-dir", str(small_disk), "--no-progress",
+            "--no-plots", "--prune-below", "0", "--top-k", "0"]
+    proc = _autotune(*args, env={FILL_ENV: str(small_disk / "filler")})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "failed outside the config (the disk is full: no space left under" in proc.stderr, proc.stderr
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    full = [t for t in trials if t.user_attrs.get("status") not in (None, "ok")]
+    assert full and all(t.state == TrialState.FAIL and t.user_attrs["status"] == "infra" for t in full), \
+        [(t.state, t.user_attrs.get("status")) for t in full]  # before: COMPLETE, "crash", infeasible for good
+
+    (small_disk / "filler").unlink()  # space freed: the same command runs those configs again
+    proc = _autotune(*args, env={FILL_ENV: ""})
+    assert proc.returncode == 0, proc.stderr
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    ok = {str(t.params) for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"}
+    assert {str(t.params) for t in full} <= ok, (ok, [t.params for t in full])
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]

@@ -271,7 +271,10 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     os.environ.update(environ)
     if spec.env:
         os.environ.update(spec.env)
-    outcome = execute(spec, compile_clock_path)
+    try:
+        outcome = execute(spec, compile_clock_path)
+    except OSError:  # the log itself cannot be written (a full disk): nothing to classify, nowhere to say it
+        os._exit(INFRA_EXIT_CODE)
     try:
         # When it ended, for the launcher: of the ranks of one trial, the first to fail is the one to name.
         text = json.dumps({**outcome.to_dict(), "ended_at": time.time()})
@@ -279,15 +282,21 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         text = json.dumps(TrialOutcome("error", error=f"the trial's result is not JSON-serialisable: {exc}",
                                        run_seconds=outcome.run_seconds).to_dict())
     # The log is complete before the result exists: the launcher may end the process once it sees the result.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        pass  # a full disk: the log loses its tail, the result below says whether the trial is lost too
     tmp = result_path + ".tmp"
     try:
         with open(tmp, "w") as fh:
             fh.write(text)
         os.replace(tmp, result_path)
     except OSError as exc:
-        print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)
+        try:
+            print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
         os._exit(INFRA_EXIT_CODE)
     # Written: the trial is over. A normal exit would wait for every non-daemon thread and join every
     # non-daemon multiprocessing child that train_fn left running (the launcher kills its group).
