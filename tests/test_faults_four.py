@@ -144,3 +144,21 @@ def test_a_full_disk_under_the_studies_folder_is_infra_and_a_resume_runs_those_c
     ok = {str(t.params) for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"}
     assert {str(t.params) for t in full} <= ok, (ok, [t.params for t in full])
     assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+
+
+# -- 3: a stated baseline precision is refused in one line, never printed as used --------------------------
+
+
+def test_a_baseline_precision_other_than_fp32_is_refused_in_one_line(tmp_path, write_space, cpu_caps):
+    from autotune import SpaceError, Tuner
+    from autotune.search._space import load_space
+
+    with pytest.raises(SpaceError, match=r"baseline\.precision: fp16: the baseline trains in fp32"):
+        load_space(write_space("knobs:\n  precision: [fp32, fp16]\nbaseline: {precision: fp16}\n"))
+    tuner = Tuner(f"{HERE / 'workloads.py'}:train_tiny", space=write_space("knobs:\n  num_workers: [0]\n"),
+                  storage=f"sqlite:///{tmp_path / 's.db'}", studies_dir=tmp_path / "studies", progress=False,
+                  plots=False, capabilities=cpu_caps, baseline={"precision": "bf16"}, n_trials=1)
+    with pytest.raises(SpaceError, match=r"precision: bf16: the baseline trains in fp32"):
+        tuner.run()
+    assert not (tmp_path / "studies").exists() or not any((tmp_path / "studies").iterdir())
+    assert load_space(write_space("knobs:\n  precision: [fp32, bf16]\nbaseline: {precision: fp32}\n")).baseline.precision == "fp32"
