@@ -436,9 +436,12 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         confirmed = _confirmation(result)
         if confirmed.get("confirmed"):
             dropped = confirmed.get("dropped") or {}
+            # A finalist that failed in the race says how; one that was slower is named only.
+            named = [f"#{k}" + (f" ({escape(printable(why))})" if str(why).startswith("failed") else "")
+                     for k, why in dropped.items()]
             say(f"Confirmed by a race: {confirmed.get('runs')} runs in {confirmed.get('rounds')} rounds, "
                 f"{confirmed.get('seconds') or 0:.0f} s; ended: {confirmed.get('ended')}"
-                + (f"; dropped #{', #'.join(dropped)}" if dropped else "") + ".")
+                + (f"; dropped {', '.join(named)}" if dropped else "") + ".")
         elif not result.is_baseline and top_k >= 1:
             # With --top-k 0 the user chose single runs: the caption says so, and no advice is due.
             say(f"Not confirmed: {confirmed.get('why')}; these numbers are single runs.")

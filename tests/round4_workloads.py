@@ -20,3 +20,25 @@ def train_compiles_a_function(ctx) -> None:
         for inputs, _ in ctx.batches(ctx.loader(dataset(256, seed=ctx.seed))):
             total += float(fn(inputs).sum())
     ctx.report_metric(1.0)
+
+
+CRASH_ENV = "AUTOTUNE_TEST_CRASH_WORKERS"  # "<num_workers>:<folder>": that config segfaults from its 2nd run on
+
+
+def replay_crashes_from_its_second_run(ctx) -> None:
+    """``replay_train``, except that the config of ``CRASH_ENV``'s worker count is killed by SIGSEGV in each
+    run after its first (its trial): a finalist that crashes in every race run."""
+    import os
+    import signal
+    from pathlib import Path
+
+    from autotune.search._simulate import replay_train
+
+    workers, _, folder = os.environ.get(CRASH_ENV, "").partition(":")
+    if workers and ctx.config.num_workers == int(workers):
+        counter = Path(folder) / "crash-runs"
+        runs = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.write_text(str(runs))
+        if runs >= 2:
+            os.kill(os.getpid(), signal.SIGSEGV)
+    replay_train(ctx)

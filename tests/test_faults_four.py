@@ -162,3 +162,46 @@ def test_a_baseline_precision_other_than_fp32_is_refused_in_one_line(tmp_path, w
         tuner.run()
     assert not (tmp_path / "studies").exists() or not any((tmp_path / "studies").iterdir())
     assert load_space(write_space("knobs:\n  precision: [fp32, bf16]\nbaseline: {precision: fp32}\n")).baseline.precision == "fp32"
+
+
+# -- 4: a finalist that crashes in every race run drops out, its failure named -----------------------------
+
+
+def _race_study(tmp_path, cpu_caps, monkeypatch, rates, *, target, enqueue, script=None, env=None, **options):
+    from test_budget import _Enqueued, _env
+
+    for key, value in {**_env(tmp_path, rates, default=500.0, time_scale=0.0, script=script), **(env or {})}.items():
+        monkeypatch.setenv(key, value)
+    from test_budget import _tuner
+
+    tuner = _tuner(tmp_path, cpu_caps, n_trials=len(enqueue) + 1, top_k=len(enqueue), confirm_rounds=3,
+                   sampler=_Enqueued(enqueue), **options)
+    tuner.target = target
+    return tuner.run()
+
+
+def test_a_finalist_that_crashes_in_every_race_run_drops_out_with_its_failure_named(tmp_path, cpu_caps, monkeypatch,
+                                                                                   capsys):
+    import json
+
+    from test_budget import _key, _study
+
+    from autotune.cli import print_summary
+    from round4_workloads import CRASH_ENV
+
+    result = _race_study(tmp_path, cpu_caps, monkeypatch, {_key(num_workers=1): 2000.0, _key(num_workers=2): 1900.0},
+                         target=f"{WORKLOADS4}:replay_crashes_from_its_second_run",
+                         enqueue=[{"num_workers": 1}, {"num_workers": 2}], env={CRASH_ENV: f"1:{tmp_path}"})
+    race = _study(tmp_path).user_attrs["top_k_confirmation"]
+    crashed = next(str(t.number) for t in _study(tmp_path).trials if t.params.get("num_workers") == 1)
+    assert race["throughputs"][crashed] == []  # it never measured in the race...
+    why = race["race"]["dropped"][crashed]  # ...so it is out (before: dropped {}, "#3, #1 within 10%")
+    assert why.startswith("failed in each of its 2 race runs: crash: killed by SIGSEGV"), why
+    assert result.best.config.num_workers == 2 and race["winner"] != int(crashed)
+    doc = json.loads(Path(result.best_config_path).read_text())
+    assert doc["confirmed"]["confirmed"] and doc["confirmed"]["dropped"][crashed] == why
+    capsys.readouterr()
+    print_summary(result, storage=None, studies_dir=str(tmp_path / "studies"), top_k=2)
+    out = capsys.readouterr().out
+    assert f"dropped #{crashed} (failed in each of its 2 race runs: crash: killed by SIGSEGV" in out, out
+    assert f"#{crashed}, " not in race["race"]["ended"] and f", #{crashed}" not in race["race"]["ended"]

@@ -183,6 +183,7 @@ class _Race:
         self.rounds: list[dict[str, Optional[float]]] = []
         self.loads: list[dict[str, Any]] = []
         self.dropped: dict[str, str] = {}
+        self.failures: dict[str, list[str]] = {}  # a finalist's failed race runs: "status: error" each
         self.ended = ""
         self.seconds = 0.0
 
@@ -220,6 +221,17 @@ class _Race:
                 self.dropped[key] = (f"after round {len(self.rounds)}: slower than #{leader} by "
                                      f"{1 - max(ratios):.0%} or more in each of {len(ratios)} measurements")
 
+    def _drop_failed(self, *, final: bool = False) -> None:
+        """Drop a finalist whose race runs all failed: after two, or at the race's end after any. It has no
+        race measurement to be judged by, and its failure is named (it ran in its trial, so it is flaky)."""
+        for key in list(self.live):
+            failures = self.failures.get(key, [])
+            if key == self.base_key or self._rates(key) or not failures or (len(failures) < 2 and not final):
+                continue
+            self.live.remove(key)
+            runs = f"each of its {len(failures)} race runs" if len(failures) > 1 else "its race run"
+            self.dropped[key] = f"failed in {runs}: {failures[-1]}"
+
     def settled(self) -> bool:
         return len([k for k in self.live if k != self.base_key]) <= 1 and not self._baseline_due()
 
@@ -245,20 +257,26 @@ class _Race:
                                      timeout=clock.cap(runner.timeout))
                 ok = outcome.ok and outcome.measurement is not None
                 rates[key] = outcome.measurement.throughput if ok else None  # type: ignore[union-attr]
+                if not ok:
+                    self.failures.setdefault(key, []).append(
+                        f"{outcome.status}: {outcome.error or 'no detail'}"[:300])
                 load[key] = before
             if rates:
                 self.rounds.append(rates)
                 self.loads.append(load)
             if self.ended:
                 break
+            self._drop_failed()
             self._drop_slow()
             if self.settled():
                 self.ended = "settled: " + ("one finalist left" if self.dropped or len(self.live) == 1
                                             else "the order held") + f" after {len(self.rounds)} rounds"
                 break
         else:
+            self._drop_failed(final=True)
             self.ended = f"{self.max_rounds} rounds, the most allowed" + (
                 f"; #{', #'.join(self.live)} within {CLEARLY_SLOWER:.0%} of each other" if len(self.live) > 1 else "")
+        self._drop_failed(final=True)
         self.seconds = time.monotonic() - started
 
     def record(self, signature: list[Optional[int]], worker: str) -> dict[str, Any]:
