@@ -205,3 +205,41 @@ def test_a_finalist_that_crashes_in_every_race_run_drops_out_with_its_failure_na
     out = capsys.readouterr().out
     assert f"dropped #{crashed} (failed in each of its 2 race runs: crash: killed by SIGSEGV" in out, out
     assert f"#{crashed}, " not in race["race"]["ended"] and f", #{crashed}" not in race["race"]["ended"]
+
+
+# -- 5: the race checks each config's own runs and their gap to its full trial -----------------------------
+
+
+def test_a_race_whose_runs_contradict_the_trials_is_noisy_and_a_range(tmp_path, cpu_caps, monkeypatch):
+    from test_budget import BASE, _key, _study
+
+    from autotune._config import NO_FASTER_CONFIG
+    from autotune.search._simulate import config_key
+
+    # The issue's shape: the pick's trial near the baseline's, its two race runs 3.3x apart, and the
+    # baseline's race runs 25x below its own trial (another job loaded the machine in the race only).
+    result = _race_study(tmp_path, cpu_caps, monkeypatch, {_key(num_workers=1): 1000.0},
+                         target="autotune.search._simulate:replay_train", enqueue=[{"num_workers": 1}],
+                         script={_key(num_workers=1): [0.6, 1.0, 0.3], config_key(BASE): [1.0, 0.04, 0.04]})
+    race = _study(tmp_path).user_attrs["top_k_confirmation"]
+    assert race["race"]["baseline_disagreement"] == pytest.approx(0.0)  # its race runs agree with each other...
+    assert race["race"]["noisy"] and race["race"]["noise_from_trials"]  # ...not with its trial (before: not noisy)
+    assert "the baseline's race runs (median 20/s) and its full trial (500/s) differed by 2400%" in \
+        race["race"]["noisy_reason"]
+    # Every run of the pick (1000, 300, its trial 600) against every run of the baseline (20, 20, its 500).
+    assert (result.speedup_low, result.speedup_high) == (pytest.approx(300 / 500), pytest.approx(1000 / 20))
+    assert not result.faster and result.verdict == NO_FASTER_CONFIG  # before: "32.50x faster", not noisy
+    assert "the machine was noisy: the baseline's race runs" in result.why_not_faster
+
+
+def test_a_finalists_own_scattered_race_runs_make_the_machine_noisy(tmp_path, cpu_caps, monkeypatch):
+    from test_budget import _key, _study
+
+    result = _race_study(tmp_path, cpu_caps, monkeypatch, {_key(num_workers=1): 2000.0},
+                         target="autotune.search._simulate:replay_train", enqueue=[{"num_workers": 1}],
+                         script={_key(num_workers=1): [1.0, 1.0, 0.6]})
+    race = _study(tmp_path).user_attrs["top_k_confirmation"]
+    crowned = str(race["winner"])
+    assert race["race"]["noisy"] and not race["race"]["noise_from_trials"]
+    assert race["race"]["noisy_reason"] == f"#{crowned}'s own runs in the race differed by 67%"
+    assert result.noisy == pytest.approx(2 / 3, abs=1e-3) and "a range, not a point" in result.verdict
