@@ -243,3 +243,25 @@ def test_a_finalists_own_scattered_race_runs_make_the_machine_noisy(tmp_path, cp
     assert race["race"]["noisy"] and not race["race"]["noise_from_trials"]
     assert race["race"]["noisy_reason"] == f"#{crowned}'s own runs in the race differed by 67%"
     assert result.noisy == pytest.approx(2 / 3, abs=1e-3) and "a range, not a point" in result.verdict
+
+
+# -- 7: a trial the probes queued never stays WAITING once the budget is spent ------------------------------
+
+
+def test_a_trial_queued_by_the_probes_past_the_budget_is_taken_off_the_queue_with_a_reason(tmp_path, cpu_caps):
+    from test_probes import SPACE
+
+    from autotune import Tuner
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    settings = dict(space=tmp_path / "space.yaml", n_trials=1, storage=f"sqlite:///{tmp_path}/s.db",
+                    studies_dir=tmp_path / "studies", plots=False, capabilities=cpu_caps, reference_repeats=1,
+                    top_k=0, prune_below=None, study_name="p")
+    # The reference (trial 0) is input-bound: the probes queue their prediction, and the one trial is done.
+    Tuner(f"{HERE / 'workloads.py'}:train_input_bound", progress=False, **settings).run()
+    trials = optuna.load_study(study_name="p", storage=settings["storage"]).trials
+    queued = [t for t in trials if t.user_attrs.get("predicted_from") == "probes"]
+    assert queued, [t.user_attrs for t in trials]
+    assert all(t.state == TrialState.FAIL and t.user_attrs["status"] == "not_run" for t in queued)  # before: WAITING
+    assert queued[0].user_attrs["failure"] == "not run: the study's 1 trials were done first"
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]  # a resume finds none
