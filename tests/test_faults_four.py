@@ -265,3 +265,35 @@ def test_a_trial_queued_by_the_probes_past_the_budget_is_taken_off_the_queue_wit
     assert all(t.state == TrialState.FAIL and t.user_attrs["status"] == "not_run" for t in queued)  # before: WAITING
     assert queued[0].user_attrs["failure"] == "not run: the study's 1 trials were done first"
     assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]  # a resume finds none
+
+
+# -- 8: the unconfirmed pick names the process that holds the race, not the budget --------------------------
+
+
+def test_an_unconfirmed_pick_names_the_process_that_holds_the_race(tmp_path, cpu_caps, monkeypatch):
+    import json
+
+    from test_budget import _env, _key, _study, _tuner
+
+    from autotune.study._confirm import CLAIM, _entrants
+    from autotune.study._workers import _process_start
+
+    for key, value in _env(tmp_path, {_key(num_workers=1): 2000.0}, default=500.0, time_scale=0.0).items():
+        monkeypatch.setenv(key, value)
+    _tuner(tmp_path, cpu_caps, n_trials=2, top_k=0).run()  # the reference and one trial, nothing raced
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a live process on this host
+    try:
+        import socket
+        import time
+
+        holder = f"{socket.gethostname()}:{other.pid}:{_process_start(other.pid)}"
+        study = _study(tmp_path)
+        signature = _entrants(study, 3)[2]
+        study.set_user_attr(CLAIM, {"worker": holder, "candidates": signature, "at": time.time()})
+        # The same study under a budget: before, "the budget left no time for the race (N s left)".
+        result = _tuner(tmp_path, cpu_caps, n_trials=2, top_k=3, budget_minutes=5).run()
+    finally:
+        other.kill()
+        other.wait()
+    why = json.loads(Path(result.best_config_path).read_text())["confirmed"]["why"]
+    assert why == f"another process ({holder}) holds the race of these finalists; it records the race", why
