@@ -17,29 +17,37 @@ from autotune._errors import AutotuneError, printable
 DEMO_TARGET = "autotune.demo:train"
 
 
+def _read(text: str, kind: type, what: str) -> Any:
+    """``text`` as ``kind``; argparse names the type function in its error otherwise (``_positive_float``)."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _read(text, int, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _read(text, float, "a positive finite number")
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text} is not a positive finite number")
     return value
 
 
 def _bound(text: str) -> float:
-    value = float(text)
+    value = _read(text, float, "a finite number >= 0")
     if not 0 <= value < math.inf:  # nan fails this too
         raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
     return value
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = _read(text, float, "a fraction in [0, 1)")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1)")
     return value
@@ -407,7 +415,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
 
     from rich.markup import escape  # paths, URLs and names are the user's text, not markup ("out[/red]")
 
-    table = Table(title=f"autotune: study {escape(result.study_name)}", show_header=True)
+    table = Table(title=f"autotune: study {escape(printable(result.study_name))}", show_header=True)
     table.add_column("")
     table.add_column("config")
     table.add_column("samples/s", justify="right")
@@ -650,8 +658,21 @@ def _spaces(args: argparse.Namespace) -> int:
         if space.processes_per_trial > 1:
             policy += f"; {space.processes_per_trial} processes per trial"
         print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs, batch policy {policy})  "
-                  f"{space.description}")
+                  f"{printable(_shortened(space.description))}")
     return 1 if failed else 0
+
+
+DESCRIPTION_CHARS = 200  # of a space's description in `autotune spaces`: its first line, cut here
+
+
+def _shortened(text: str, limit: int = DESCRIPTION_CHARS) -> str:
+    """The first line of ``text``, cut to ``limit`` characters (with how much was left out)."""
+    lines = text.strip().splitlines() or [""]
+    first = lines[0]
+    if len(first) <= limit and len(lines) == 1:
+        return first
+    left = len(text.strip()) - min(len(first), limit)
+    return f"{first[:limit].rstrip()}... ({left:,} more characters)"
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -851,9 +872,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}{full}')}", file=sys.stderr)
         return 1
     except Exception as exc:  # a storage on a full disk or a damaged file fails deep inside Optuna
-        from autotune.study._storage import storage_failure
+        from autotune.study._storage import default_storage_url, storage_failure
 
-        failure = storage_failure(exc, getattr(args, "storage", None))
+        url = getattr(args, "storage", None)
+        if url is None and getattr(args, "studies_dir", None) is not None:
+            url = default_storage_url(Path(args.studies_dir))  # the default storage's file, named in the line
+        failure = storage_failure(exc, url)
         if failure is None:
             raise
         print(f"autotune: error: {printable(str(failure))}", file=sys.stderr)

@@ -205,6 +205,13 @@ def test_a_finalist_that_crashes_in_every_race_run_drops_out_with_its_failure_na
     out = capsys.readouterr().out
     assert f"dropped #{crashed} (failed in each of its 2 race runs: crash: killed by SIGSEGV" in out, out
     assert f"#{crashed}, " not in race["race"]["ended"] and f", #{crashed}" not in race["race"]["ended"]
+    # 9: a study name with ESC in it is escaped in the summary's title (before: printed raw).
+    import dataclasses
+
+    print_summary(dataclasses.replace(result, study_name="a\x1b[2Jb"), storage=None,
+                  studies_dir=str(tmp_path / "studies"), top_k=2)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "a\\x1b[2Jb" in out, out
 
 
 # -- 5: the race checks each config's own runs and their gap to its full trial -----------------------------
@@ -297,3 +304,54 @@ def test_an_unconfirmed_pick_names_the_process_that_holds_the_race(tmp_path, cpu
         other.wait()
     why = json.loads(Path(result.best_config_path).read_text())["confirmed"]["why"]
     assert why == f"another process ({holder}) holds the race of these finalists; it records the race", why
+
+
+# -- 9: output hygiene ----------------------------------------------------------------------------------
+
+
+def test_a_full_disk_under_the_default_storage_names_its_file(small_disk, tmp_path):
+    with open(small_disk / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    (tmp_path / "space.yaml").write_text("knobs:\n  num_workers: [0]\n")
+    proc = _autotune("tune", f"{HERE / 'workloads.py'}:train_tiny", "--space", str(tmp_path / "space.yaml"),
+                     "--studies-dir", str(small_disk), "--no-progress", "--no-plots")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    # Before: "storage the study database: the disk is full (...)".
+    assert f"storage sqlite:///{small_disk / 'autotune.db'}: the disk is full" in proc.stderr, proc.stderr
+
+
+def test_a_stored_attribute_that_is_not_json_is_one_line_naming_the_study_and_the_attribute(tmp_path):
+    import sqlite3
+
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    optuna.create_study(study_name="s", storage=storage).set_user_attr("baseline_config", {"batch_size": 32})
+    optuna.create_study(study_name="t", storage=storage)
+    with sqlite3.connect(tmp_path / "a.db") as db:
+        db.execute("update study_user_attributes set value_json = '{bad' where key = 'baseline_config'")
+    proc = _autotune("best", "t", "--storage", storage)  # optuna reads every study's attributes: a traceback
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "study 's': the user attribute 'baseline_config' (study_user_attributes) is not valid JSON" in proc.stderr
+
+
+def test_options_and_spaces_print_one_short_line(tmp_path, capsys):
+    from autotune.cli import DESCRIPTION_CHARS, main
+
+    (tmp_path / "huge.yaml").write_text("description: " + "x" * 1_000_000 + "\nknobs:\n  num_workers: [0]\n")
+    assert main(["spaces", str(tmp_path / "huge.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert len(out) < DESCRIPTION_CHARS + 300 and "more characters" in out, len(out)  # before: all of it (10 MB in the issue)
+    with pytest.raises(SystemExit):
+        main(["tune", "x.py:f", "--budget", "abc"])
+    err = capsys.readouterr().err
+    assert "'abc' is not a positive finite number" in err and "_positive_float" not in err, err
+    # Before: the reference ran anyway, with its 5 s floor, far past a 0.6 s budget.
+    assert main(["tune", f"{HERE / 'workloads.py'}:train_tiny", "--budget", "0.01",
+                 "--studies-dir", str(tmp_path / "studies")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--budget) 0.01 is 0.6 s, less than the 2 fp32 reference runs" in err, err
+    assert not (tmp_path / "studies").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import warnings
 from pathlib import Path
@@ -117,12 +118,53 @@ def storage_failure(exc: BaseException, url: Optional[str]) -> Optional[StudyErr
                 k in lower for k in DISK_FULL):
             return StudyError(f"storage {where}: the disk is full ({mask_url(text)[:200]}); free space on it, then "
                               "rerun the same command to resume (a trial it was running is run again)")
+        if isinstance(cause, json.JSONDecodeError) and url and url.split(":", 1)[0].split("+")[0] in RDB_SCHEMES:
+            bad = _bad_json_attribute(url)
+            if bad:
+                return StudyError(f"{bad} is not valid JSON ({text[:120]}); the storage {mask_url(url)} cannot be "
+                                  "read until that row is fixed or deleted")
         if type(cause).__name__ in ("DatabaseError", "IntegrityError", "OperationalError") and any(
                 k in lower for k in DAMAGED):
             name = url[len("sqlite:///"):] if url and url.startswith("sqlite:///") else where
             return StudyError(f"the study database {name} is damaged ({mask_url(text)[:200]}); restore it from a copy "
                               "(or move it aside to start a new study there)")
     return None
+
+
+def _bad_json_attribute(url: str) -> str:
+    """Which stored attribute of an RDB storage holds text that is not JSON, in words ("" if none is found):
+    Optuna reads every study's attributes at once and fails on the first one with a bare ``JSONDecodeError``."""
+    import sqlalchemy
+
+    queries = (
+        ("study_user_attributes", "select s.study_name, a.key, a.value_json, null from study_user_attributes a "
+                                  "join studies s on s.study_id = a.study_id"),
+        ("study_system_attributes", "select s.study_name, a.key, a.value_json, null from study_system_attributes a "
+                                    "join studies s on s.study_id = a.study_id"),
+        ("trial_user_attributes", "select s.study_name, a.key, a.value_json, t.number from trial_user_attributes a "
+                                  "join trials t on t.trial_id = a.trial_id join studies s on s.study_id = t.study_id"),
+        ("trial_system_attributes", "select s.study_name, a.key, a.value_json, t.number from trial_system_attributes a "
+                                    "join trials t on t.trial_id = a.trial_id join studies s on s.study_id = t.study_id"),
+    )
+    engine = None
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect() as connection:
+            for table, query in queries:
+                for study_name, key, value, number in connection.execute(sqlalchemy.text(query)):
+                    try:
+                        json.loads(value)
+                    except (TypeError, ValueError):
+                        trial = f" of trial {number}" if number is not None else ""
+                        kind = "user" if table.endswith("user_attributes") else "system"
+                        return f"study {study_name!r}: the {kind} attribute {key!r}{trial} ({table})"
+    except Exception:  # noqa: BLE001 - a diagnosis only: the caller falls back to the raw error
+        return ""
+    finally:
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
+    return ""
 
 
 def _check_sqlite(path: Path) -> None:
