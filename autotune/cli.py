@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -336,8 +337,9 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 
     from autotune.study._storage import STORAGE_ENV
 
-    # The URL goes through the environment: argv, password included, is readable by every user via ps.
-    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study,
+    # The URL goes through a pipe on each worker's stdin: argv is readable by every user via ps, and the
+    # environment a process started with by every process of the user (/proc/PID/environ), trials included.
+    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study, "--storage-file", "/dev/stdin",
                "--trial-timeout", str(args.trial_timeout), "--grace-period", str(args.grace_period),
                "--studies-dir", args.studies_dir, "--no-progress"]
     if args.memory_limit:
@@ -350,8 +352,15 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 
     # Their own session: a Ctrl-C in the terminal reaches this process only, which passes it on once.
     parent = {PARENT_ENV: str(os.getpid())}
-    procs = [subprocess.Popen(command, env={**os.environ, **env, STORAGE_ENV: storage, **parent},
-                              start_new_session=True) for env in envs]
+    base = {k: v for k, v in os.environ.items() if k != STORAGE_ENV}
+    procs = []
+    for env in envs:
+        proc = subprocess.Popen(command, env={**base, **env, **parent}, start_new_session=True, stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # a worker that died at once says so by its exit code
+            proc.stdin.write(storage.encode() + b"\n")
+            proc.stdin.close()
+        procs.append(proc)
     for p in procs:
         track_child(p.pid)
     try:
@@ -822,10 +831,11 @@ def _resolve_storage(args: argparse.Namespace) -> None:
     """Set ``args.storage`` from ``--storage``, ``--storage-file`` or ``AUTOTUNE_STORAGE`` (``storage_from``), and
     take the variable out of this process's environment: trials, and the forkserver that starts them,
     inherit the environment, and their ``/proc/PID/environ`` is readable by the user's other processes."""
-    from autotune.study._storage import STORAGE_ENV, storage_from
+    from autotune.study._storage import STORAGE_ENV, scrub_initial_environ, storage_from
 
     args.storage = storage_from(args.storage, getattr(args, "storage_file", None))
-    os.environ.pop(STORAGE_ENV, None)
+    if os.environ.pop(STORAGE_ENV, None) is not None:
+        scrub_initial_environ(STORAGE_ENV)  # /proc/PID/environ shows the block this process started with
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

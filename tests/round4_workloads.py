@@ -42,3 +42,27 @@ def replay_crashes_from_its_second_run(ctx) -> None:
         if runs >= 2:
             os.kill(os.getpid(), signal.SIGSEGV)
     replay_train(ctx)
+
+
+ANCESTORS_ENV = "AUTOTUNE_TEST_ANCESTORS"  # a folder: each trial writes what its ancestors' /proc/PID/environ shows
+
+
+def train_reads_its_ancestors_environ(ctx) -> None:
+    """``scale_workloads.train``, after writing the /proc/PID/environ of this trial and of each process above it
+    (the trial server, the worker, the tuner that started the workers), as any process of the user can."""
+    import os
+    from pathlib import Path
+
+    from scale_workloads import train
+
+    seen, pid = [], os.getpid()
+    for _ in range(5):
+        try:
+            seen.append(Path(f"/proc/{pid}/environ").read_bytes())
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+    (Path(os.environ[ANCESTORS_ENV]) / f"{os.getpid()}.environ").write_bytes(b"\n".join(seen))
+    train(ctx)

@@ -355,3 +355,43 @@ def test_options_and_spaces_print_one_short_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--budget) 0.01 is 0.6 s, less than the 2 fp32 reference runs" in err, err
     assert not (tmp_path / "studies").exists()
+
+
+# -- 6: the storage URL stays out of every /proc/PID/environ, and out of the driver's words ---------------
+
+
+def test_the_initial_environment_block_loses_the_storage_url():
+    code = ("import os; from autotune.study._storage import scrub_initial_environ as s; "
+            "assert b'LEAK7' in open('/proc/self/environ','rb').read(); "
+            "assert s('AUTOTUNE_STORAGE'); "
+            "assert b'LEAK7' not in open('/proc/self/environ','rb').read(); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AUTOTUNE_STORAGE": "postgresql://u:pwLEAK7@db/x"})
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_no_worker_tuner_or_trial_shows_the_storage_url_in_its_environ(tmp_path):
+    from scale_workloads import SPACE
+
+    from round4_workloads import ANCESTORS_ENV
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    url = f"journal:{tmp_path / 'secretLEAK8.journal'}"
+    proc = _autotune("tune", f"{WORKLOADS4}:train_reads_its_ancestors_environ", "--space", str(tmp_path / "space.yaml"),
+                     "--study", "s", "--trials", "2", "--workers", "1", "--studies-dir", str(tmp_path / "studies"),
+                     "--no-progress", "--no-plots", "--prune-below", "0", "--top-k", "0",
+                     env={"AUTOTUNE_STORAGE": url, ANCESTORS_ENV: str(seen)})
+    assert proc.returncode == 0, proc.stderr
+    files = list(seen.glob("*.environ"))
+    assert len(files) >= 2  # the reference's trial (the tuner above it) and the worker's trial
+    assert all(b"LEAK8" not in f.read_bytes() for f in files)  # before: in the tuner's and every worker's
+
+
+def test_a_password_with_a_raw_slash_is_hidden_in_the_drivers_own_words():
+    from autotune.study._storage import hide_secret
+
+    url = "postgresql://root:pa/ssLEAK9@db:5432/x"
+    driver = 'could not translate host name "ssLEAK9@db" to address: Name or service not known'
+    assert "LEAK9" not in hide_secret(f"{driver} ({url})", url)
