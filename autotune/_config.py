@@ -542,9 +542,11 @@ class Result:
     speedup_rounds: int = 0  # paired rounds behind the spread ("alternation"), 0 for single runs
     colocation_warning: str = ""  # workers of this study measured on the same device or cores
     baseline_source: str = ""  # where the baseline came from: the space's YAML, or --baseline (baseline=)
-    # The baseline's runs in the race differed by this much (max / min - 1): a noisy machine, whose speed-up
-    # is a range from the slowest to the fastest pairing. 0: not noisy.
+    # The race's runs disagreed by this much (max / min - 1): the baseline's or a finalist's among themselves,
+    # or a config's race runs against its full trial. A noisy machine, whose speed-up is a range from the
+    # slowest to the fastest pairing. 0: not noisy. ``noisy_reason`` says which runs, in words.
     noisy: float = 0.0
+    noisy_reason: str = ""
 
     @property
     def best_config(self) -> Optional[TrialConfig]:
@@ -587,9 +589,9 @@ class Result:
         if self.speedup_basis == "alternation":
             rounds = f"{self.speedup_rounds} round{'s' if self.speedup_rounds != 1 else ''}"
             if self.noisy:
-                return (f"the machine was noisy: the baseline's own runs in the race differed by {self.noisy:.0%}, "
-                        f"so the speed-up is the range {span} of every run of the pick against every run of "
-                        f"the baseline ({rounds})")
+                why = self.noisy_reason or f"the baseline's own runs in the race differed by {self.noisy:.0%}"
+                return (f"the machine was noisy: {why}, so the speed-up is the range {span} of every run of the "
+                        f"pick against every run of the baseline ({rounds})")
             return f"per-round ratios {span} over {rounds} of the race of the finalists with the baseline"
         return f"from single runs, not measured again: their timed windows give {span}"
 

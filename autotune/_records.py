@@ -172,7 +172,8 @@ class _SpeedupEvidence:
     high: float = math.nan
     basis: str = "single runs"
     rounds: int = 0
-    noisy: float = 0.0  # the baseline's runs in the race differed this much (max / min - 1) on a noisy machine
+    noisy: float = 0.0  # the race's runs disagreed this much (max / min - 1) on a noisy machine
+    noisy_reason: str = ""  # which runs disagreed, in words
 
 
 def _baseline_throughput(study: optuna.Study) -> float:
@@ -194,11 +195,19 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
         ratios = [w / b for w, b in pairs if w and b]
         race = confirmed.get("race") or {}
         if race.get("noisy"):
-            # The machine's speed moved under the race: any of the pick's runs against any of the baseline's.
+            # The machine's speed moved under the race: any of the pick's runs against any of the baseline's,
+            # and their full trials too when those disagreed with the race.
             mine = [r.get(key) for r in confirmed.get("rounds", []) if r.get(key)]
             theirs = [b for b in baseline["throughputs"] if b]
+            trials = confirmed.get("trial_throughputs") or {}
+            base_key = "baseline" if baseline.get("trial") is None else str(baseline["trial"])
+            if race.get("noise_from_trials"):
+                mine += [trials[key]] if trials.get(key) else []
+                theirs += [trials[base_key]] if trials.get(base_key) else []
+            noise = float(race.get("noise", race.get("baseline_disagreement", 0.0)))
+            reason = race.get("noisy_reason") or f"the baseline's own runs in the race differed by {noise:.0%}"
             return _SpeedupEvidence(baseline["median"], min(mine) / max(theirs), max(mine) / min(theirs),
-                                    "alternation", len(ratios), noisy=float(race.get("baseline_disagreement", 0.0)))
+                                    "alternation", len(ratios), noisy=noise, noisy_reason=reason)
         return _SpeedupEvidence(baseline["median"], min(ratios, default=math.nan), max(ratios, default=math.nan),
                                 "alternation", len(ratios))
     reference = attrs.get("baseline_throughput", math.nan)
@@ -248,6 +257,7 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         speedup_basis=evidence.basis,
         speedup_rounds=evidence.rounds,
         noisy=evidence.noisy,
+        noisy_reason=evidence.noisy_reason,
         colocation_warning=attrs.get(COLOCATION, ""),
         baseline_source=attrs.get("baseline_source", ""),
         reference_metric=attrs.get("reference_metric"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -17,29 +18,37 @@ from autotune._errors import AutotuneError, printable
 DEMO_TARGET = "autotune.demo:train"
 
 
+def _read(text: str, kind: type, what: str) -> Any:
+    """``text`` as ``kind``; argparse names the type function in its error otherwise (``_positive_float``)."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _read(text, int, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _read(text, float, "a positive finite number")
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text} is not a positive finite number")
     return value
 
 
 def _bound(text: str) -> float:
-    value = float(text)
+    value = _read(text, float, "a finite number >= 0")
     if not 0 <= value < math.inf:  # nan fails this too
         raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
     return value
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = _read(text, float, "a fraction in [0, 1)")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1)")
     return value
@@ -356,8 +365,9 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 
     from autotune.study._storage import STORAGE_ENV
 
-    # The URL goes through the environment: argv, password included, is readable by every user via ps.
-    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study,
+    # The URL goes through a pipe on each worker's stdin: argv is readable by every user via ps, and the
+    # environment a process started with by every process of the user (/proc/PID/environ), trials included.
+    command = [sys.executable, "-m", "autotune", "worker", target, "--study", study, "--storage-file", "/dev/stdin",
                "--trial-timeout", str(args.trial_timeout), "--grace-period", str(args.grace_period),
                "--studies-dir", args.studies_dir, "--no-progress"]
     if args.memory_limit:
@@ -370,8 +380,15 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
 
     # Their own session: a Ctrl-C in the terminal reaches this process only, which passes it on once.
     parent = {PARENT_ENV: str(os.getpid())}
-    procs = [subprocess.Popen(command, env={**os.environ, **env, STORAGE_ENV: storage, **parent},
-                              start_new_session=True) for env in envs]
+    base = {k: v for k, v in os.environ.items() if k != STORAGE_ENV}
+    procs = []
+    for env in envs:
+        proc = subprocess.Popen(command, env={**base, **env, **parent}, start_new_session=True, stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # a worker that died at once says so by its exit code
+            proc.stdin.write(storage.encode() + b"\n")
+            proc.stdin.close()
+        procs.append(proc)
     for p in procs:
         track_child(p.pid)
     try:
@@ -435,7 +452,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
 
     from rich.markup import escape  # paths, URLs and names are the user's text, not markup ("out[/red]")
 
-    table = Table(title=f"autotune: study {escape(result.study_name)}", show_header=True)
+    table = Table(title=f"autotune: study {escape(printable(result.study_name))}", show_header=True)
     table.add_column("")
     table.add_column("config")
     table.add_column("samples/s", justify="right")
@@ -464,9 +481,12 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         confirmed = _confirmation(result)
         if confirmed.get("confirmed"):
             dropped = confirmed.get("dropped") or {}
+            # A finalist that failed in the race says how; one that was slower is named only.
+            named = [f"#{k}" + (f" ({escape(printable(why))})" if str(why).startswith("failed") else "")
+                     for k, why in dropped.items()]
             say(f"Confirmed by a race: {confirmed.get('runs')} runs in {confirmed.get('rounds')} rounds, "
                 f"{confirmed.get('seconds') or 0:.0f} s; ended: {confirmed.get('ended')}"
-                + (f"; dropped #{', #'.join(dropped)}" if dropped else "") + ".")
+                + (f"; dropped {', '.join(named)}" if dropped else "") + ".")
         elif not result.is_baseline and top_k >= 1:
             # With --top-k 0 the user chose single runs: the caption says so, and no advice is due.
             say(f"Not confirmed: {confirmed.get('why')}; these numbers are single runs.")
@@ -680,8 +700,21 @@ def _spaces(args: argparse.Namespace) -> int:
         if space.processes_per_trial > 1:
             policy += f"; {space.processes_per_trial} processes per trial"
         print(f"ok       {path}  ({len(space.knobs)} knobs, {space.size} configs, batch policy {policy})  "
-                  f"{space.description}")
+                  f"{printable(_shortened(space.description))}")
     return 1 if failed else 0
+
+
+DESCRIPTION_CHARS = 200  # of a space's description in `autotune spaces`: its first line, cut here
+
+
+def _shortened(text: str, limit: int = DESCRIPTION_CHARS) -> str:
+    """The first line of ``text``, cut to ``limit`` characters (with how much was left out)."""
+    lines = text.strip().splitlines() or [""]
+    first = lines[0]
+    if len(first) <= limit and len(lines) == 1:
+        return first
+    left = len(text.strip()) - min(len(first), limit)
+    return f"{first[:limit].rstrip()}... ({left:,} more characters)"
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -831,10 +864,11 @@ def _resolve_storage(args: argparse.Namespace) -> None:
     """Set ``args.storage`` from ``--storage``, ``--storage-file`` or ``AUTOTUNE_STORAGE`` (``storage_from``), and
     take the variable out of this process's environment: trials, and the forkserver that starts them,
     inherit the environment, and their ``/proc/PID/environ`` is readable by the user's other processes."""
-    from autotune.study._storage import STORAGE_ENV, storage_from
+    from autotune.study._storage import STORAGE_ENV, scrub_initial_environ, storage_from
 
     args.storage = storage_from(args.storage, getattr(args, "storage_file", None))
-    os.environ.pop(STORAGE_ENV, None)
+    if os.environ.pop(STORAGE_ENV, None) is not None:
+        scrub_initial_environ(STORAGE_ENV)  # /proc/PID/environ shows the block this process started with
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -889,9 +923,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}{full}')}", file=sys.stderr)
         return 1
     except Exception as exc:  # a storage on a full disk or a damaged file fails deep inside Optuna
-        from autotune.study._storage import storage_failure
+        from autotune.study._storage import default_storage_url, storage_failure
 
-        failure = storage_failure(exc, getattr(args, "storage", None))
+        url = getattr(args, "storage", None)
+        if url is None and getattr(args, "studies_dir", None) is not None:
+            url = default_storage_url(Path(args.studies_dir))  # the default storage's file, named in the line
+        failure = storage_failure(exc, url)
         if failure is None:
             raise
         print(f"autotune: error: {printable(str(failure))}", file=sys.stderr)

@@ -330,7 +330,9 @@ def test_tune_with_a_stated_baseline_uses_it_and_says_where_it_came_from(tmp_pat
 
 @pytest.mark.parametrize("stated, names", [
     ("batch_sise=32", ["--baseline: batch_sise: unknown knob"]),
-    ("precision=fp16", ["--baseline precision=fp16: cannot run here", "no CUDA device"]),
+    # Before: an fp32 baseline ran while the summary said "from --baseline precision=fp16" (also on a CPU).
+    ("precision=fp16", ["--baseline: precision: fp16: the baseline trains in fp32"]),
+    ("precision=bf16", ["--baseline: precision: bf16: the baseline trains in fp32", "list bf16 among"]),
 ])
 def test_tune_with_a_bad_stated_baseline_exits_1_with_one_line(tmp_path: Path, stated: str, names: list[str]) -> None:
     space = tmp_path / "space.yaml"

@@ -229,7 +229,8 @@ def race_line(race_record: dict[str, Any]) -> str:
     if dropped:
         text += "; dropped " + "; ".join(f"#{k} ({why})" for k, why in dropped.items())
     if race.get("noisy"):
-        text += f"; a noisy machine: the baseline's runs differed by {race.get('baseline_disagreement', 0):.0%}"
+        text += "; a noisy machine: " + (race.get("noisy_reason")
+                                         or f"the baseline's runs differed by {race.get('baseline_disagreement', 0):.0%}")
     return text + "."
 
 

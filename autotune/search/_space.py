@@ -439,11 +439,22 @@ def check_baseline(values: dict[str, Any], *, where: str = "--baseline") -> dict
         if knob not in KNOBS:
             raise SpaceError(f"{where}: {knob}: unknown knob (known: {', '.join(KNOBS)})")
         value = _normalise(knob, value)
-        problem = _check_value(knob, value)
+        problem = _check_value(knob, value) or _baseline_problem(knob, value)
         if problem:
             raise SpaceError(f"{where}: {knob}: {problem}")
         out[knob] = value
     return out
+
+
+def _baseline_problem(knob: str, value: Any) -> str:
+    """Why a value the knob can take is no baseline's ("" when it is one): the baseline's runs are the
+    fp32 accuracy references and its throughput, so a baseline at another precision would be printed as
+    stated while fp32 ran."""
+    if knob == "precision" and value != "fp32":
+        return (f"{value}: the baseline trains in fp32 (its runs are the accuracy references and the speed-up's "
+                f"denominator); a baseline at another precision is not supported: keep precision=fp32 here and "
+                f"list {value} among the precision knob's values to measure it")
+    return ""
 
 
 def parse_baseline(text: str, *, where: str = "--baseline") -> dict[str, Any]:
@@ -556,7 +567,7 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
             raise SpaceError(f"{where}: baseline.{knob_name}: unknown knob")
         value = _normalise(knob_name, value)
         if not (knob_name == "cpu_threads" and value is None):
-            problem = _check_value(knob_name, value)
+            problem = _check_value(knob_name, value) or _baseline_problem(knob_name, value)
             if problem:
                 raise SpaceError(f"{where}: baseline.{knob_name}: {problem}")
         base_values[knob_name] = value

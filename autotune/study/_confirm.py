@@ -12,8 +12,10 @@ sequential rule ends it as early as the evidence allows:
   rounds (a tie is raced to the end, then called by the medians and said to be within the noise), or when
   the study's budget has no time for the next run.
 
-The baseline's runs disagreeing by more than ``NOISY_MACHINE`` marks the machine noisy: the speed-up is
-then given as a range (``_records._speedup_evidence``). What else loaded the machine during each run (the
+The baseline's runs disagreeing by more than ``NOISY_MACHINE`` marks the machine noisy, and so does a
+finalist's runs disagreeing as much, or a config's race runs and its full trial differing by more than
+``TRIAL_GAP``: the speed-up is then given as a range (``_records._speedup_evidence``), of every run of the
+pick against every run of the baseline (their full trials too, when those disagreed with the race). What else loaded the machine during each run (the
 load average, other processes on the GPU) is recorded beside the rates.
 
 Several workers may share a study: the one that finishes last claims the race with a study attribute,
@@ -57,6 +59,10 @@ BASELINE_RUNS = 2  # the fewest baseline runs that show their own spread
 # The baseline's runs differing by more than this (max / min - 1) say the machine's speed moved under the
 # race: other jobs, throttling. Then the speed-up is a range, not a point.
 NOISY_MACHINE = 0.20
+# So do a finalist's own race runs differing by more than NOISY_MACHINE, or any config's race median and its
+# full trial differing by more than this (max / min - 1): a race run is shorter than a trial (about a second
+# a window), so the two agree less closely than two race runs, yet a factor of 1.5 is no measurement error.
+TRIAL_GAP = 0.5
 # A race run measures speed alone (its config's accuracy was judged in its trial), so it trains only its
 # warm-up and timed windows of about this many seconds each at the config's known rate, never longer than
 # a trial. The slow fp32 baseline's runs shrink most: on the H200 demo, 8 s instead of 35 s.
@@ -184,6 +190,7 @@ class _Race:
         self.loads: list[dict[str, Any]] = []
         self.energy: dict[str, list[float]] = {}  # joules per sample of each entrant's runs, where NVML counts them
         self.dropped: dict[str, str] = {}
+        self.failures: dict[str, list[str]] = {}  # a finalist's failed race runs: "status: error" each
         self.ended = ""
         self.seconds = 0.0
 
@@ -221,6 +228,17 @@ class _Race:
                 self.dropped[key] = (f"after round {len(self.rounds)}: slower than #{leader} by "
                                      f"{1 - max(ratios):.0%} or more in each of {len(ratios)} measurements")
 
+    def _drop_failed(self, *, final: bool = False) -> None:
+        """Drop a finalist whose race runs all failed: after two, or at the race's end after any. It has no
+        race measurement to be judged by, and its failure is named (it ran in its trial, so it is flaky)."""
+        for key in list(self.live):
+            failures = self.failures.get(key, [])
+            if key == self.base_key or self._rates(key) or not failures or (len(failures) < 2 and not final):
+                continue
+            self.live.remove(key)
+            runs = f"each of its {len(failures)} race runs" if len(failures) > 1 else "its race run"
+            self.dropped[key] = f"failed in {runs}: {failures[-1]}"
+
     def settled(self) -> bool:
         return len([k for k in self.live if k != self.base_key]) <= 1 and not self._baseline_due()
 
@@ -249,21 +267,47 @@ class _Race:
                 joules = outcome.measurement.extras.get("gpu.joules_per_sample") if ok else None  # type: ignore[union-attr]
                 if joules is not None:
                     self.energy.setdefault(key, []).append(joules)
+                if not ok:
+                    self.failures.setdefault(key, []).append(
+                        f"{outcome.status}: {outcome.error or 'no detail'}"[:300])
                 load[key] = before
             if rates:
                 self.rounds.append(rates)
                 self.loads.append(load)
             if self.ended:
                 break
+            self._drop_failed()
             self._drop_slow()
             if self.settled():
                 self.ended = "settled: " + ("one finalist left" if self.dropped or len(self.live) == 1
                                             else "the order held") + f" after {len(self.rounds)} rounds"
                 break
         else:
+            self._drop_failed(final=True)
             self.ended = f"{self.max_rounds} rounds, the most allowed" + (
                 f"; #{', #'.join(self.live)} within {CLEARLY_SLOWER:.0%} of each other" if len(self.live) > 1 else "")
+        self._drop_failed(final=True)
         self.seconds = time.monotonic() - started
+
+    def _noise(self) -> tuple[float, str, bool]:
+        """How far the race's own measurements disagree, past the thresholds (0 when they do not): the
+        largest of each entrant's race runs among themselves (``NOISY_MACHINE``) and of its race median
+        against its full trial (``TRIAL_GAP``); the reason in words, and whether it is a trial's gap."""
+        worst: tuple[float, str, bool] = (0.0, "", False)
+        for key, _, _ in self.entrants:
+            runs = self._rates(key)
+            name = "the baseline" if key == self.base_key else f"#{key}"
+            spread = disagreement(runs)
+            if spread > NOISY_MACHINE and spread > worst[0]:
+                worst = (spread, f"{name}'s own runs in the race differed by {spread:.0%}", False)
+            trial = self.first.get(key) or 0.0
+            if runs and trial > 0:
+                median = statistics.median(runs)
+                gap = disagreement([median, trial])
+                if gap > TRIAL_GAP and gap > worst[0]:
+                    worst = (gap, f"{name}'s race runs (median {median:,.0f}/s) and its full trial ({trial:,.0f}/s) "
+                                  f"differed by {gap:.0%}", True)
+        return worst
 
     def record(self, signature: list[Optional[int]], worker: str) -> dict[str, Any]:
         keys = [k for k, _, _ in self.entrants]
@@ -275,6 +319,7 @@ class _Race:
         base_rates = [r.get(self.base_key) for r in rounds]
         base_ok = [v for v in base_rates if v]
         spread = disagreement(base_ok)
+        noise, why, from_trials = self._noise()
         return {
             "trials": [n for n in signature[:-1] if n is not None],  # the finalists: the top K by first run
             "candidates": signature,
@@ -286,8 +331,10 @@ class _Race:
                          "throughputs": base_rates, "median": statistics.median(base_ok) if base_ok else None},
             "race": {"dropped": self.dropped, "ended": self.ended, "seconds": round(self.seconds, 3),
                      "runs": sum(1 for r in self.rounds for v in r.values() if v is not None),
-                     "noisy": spread > NOISY_MACHINE, "baseline_disagreement": round(spread, 4),
+                     "noisy": noise > 0, "baseline_disagreement": round(spread, 4),
+                     "noise": round(noise, 4), "noisy_reason": why, "noise_from_trials": from_trials,
                      "load": self.loads, "joules_per_sample": self.energy},
+            "trial_throughputs": {k: self.first[k] for k in keys},  # each entrant's full trial (or reference)
             "worker": worker,
         }
 

@@ -457,12 +457,28 @@ def run_isolated(spec: TrialSpec, *, workdir: Path, timeout: float,
     return dataclasses.replace(outcome, error=who(failure.index) + outcome.error) if ranks > 1 else outcome
 
 
+def _disk_full(folder: Path) -> str:
+    """Where the file system of ``folder`` (or of the nearest folder above it) has no space left ("" if it has)."""
+    for place in (folder, *folder.parents):
+        try:
+            stat = os.statvfs(place)
+        except OSError:
+            continue
+        if stat.f_bavail == 0 or (stat.f_files and stat.f_favail == 0):
+            return f"no space left under {place}"
+        return ""
+    return ""
+
+
 def _ended(end: ProcessEnd, spec: TrialSpec, wall: float) -> TrialOutcome:
     """The outcome of a process that ended by itself: its result, or what its exit says."""
     if end.outcome is not None:
         return end.outcome
     tail = _tail(end.files.log)
     code = end.exitcode
+    full = _disk_full(end.files.folder)
+    if code != 0 and full:
+        return TrialOutcome("infra", error=f"the disk is full: {full}", stderr_tail=tail, wall_seconds=wall)
     if code == INFRA_EXIT_CODE:
         return TrialOutcome("infra", error="the trial process could not write its log or result "
                             f"(its folder {end.files.folder} vanished or is not writable)", stderr_tail=tail,

@@ -26,7 +26,7 @@ from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
 from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView, first_faster,
                                      next_action, over_budget_reason, view_of)
-from autotune.study._probes import LoaderProbes, prediction_error
+from autotune.study._probes import LoaderProbes, drop_queued_predictions, prediction_error
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
@@ -159,6 +159,14 @@ class TrialLoop:
             over_budget = over_budget + 1 if ended == OVER_BUDGET else 0
             if over_budget >= OVER_BUDGET_LIMIT or ended == "budget":
                 break
+        self._drop_queued_predictions(ui)
+
+    def _drop_queued_predictions(self, ui: _Progress) -> None:
+        """The search is over here: a trial the probes queued and nobody ran is taken off the queue, saying why."""
+        why = self.budget_note or (f"the study's {self.n_trials} trials were done first"
+                                   if self.finished_count() >= self.n_trials else "the search ended first")
+        for number in drop_queued_predictions(self.study, why):
+            ui.say(f"  trial {number}, queued by the probes, was not run: {why} (recorded FAIL, status not_run)")
 
     def view(self) -> StudyView:
         """The study's records and clock as the planner reads them."""

@@ -238,6 +238,16 @@ class TunerOptions:
     trial: TrialOptions = field(default_factory=TrialOptions)
     confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
 
+    def __post_init__(self) -> None:
+        from autotune.study._budget import MIN_RUN_S
+
+        minutes = self.search.budget_minutes
+        least = self.accuracy.reference_repeats * MIN_RUN_S  # each fp32 reference run gets at least MIN_RUN_S
+        if minutes is not None and minutes * 60 < least:
+            raise ValueError(f"budget_minutes (--budget) {minutes:g} is {minutes * 60:.1f} s, less than the "
+                             f"{self.accuracy.reference_repeats} fp32 reference runs alone take ({MIN_RUN_S:g} s each "
+                             f"at the least); give at least {least / 60:.2g} minutes")
+
     def with_keywords(self, **keywords: Any) -> "TunerOptions":
         """A copy with flat keywords (any record's field names) set on their records.
 

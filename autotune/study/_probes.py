@@ -29,6 +29,7 @@ import json
 from typing import Any, Optional
 
 import optuna
+from optuna.trial import TrialState
 
 from autotune._config import TrialConfig
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
@@ -89,6 +90,30 @@ def _key(config: TrialConfig) -> str:
 
 def _key_of(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
+
+
+def drop_queued_predictions(study: optuna.Study, reason: str) -> list[int]:
+    """Take the trials the probes queued (``predicted_from: probes``) that are still WAITING off the queue,
+    each recorded FAIL with ``status: not_run`` and ``failure: "not run: <reason>"``; returns their numbers.
+
+    Called when the search ends in this process: a queued prediction would otherwise stay WAITING for good
+    (a resume with the same budget runs no trial). Another worker that claims one first keeps it.
+    """
+    storage = study._storage
+    dropped = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if trial.user_attrs.get("predicted_from") != "probes":
+            continue
+        try:
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.RUNNING):
+                continue  # claimed meanwhile by another worker, which runs it
+        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            continue
+        storage.set_trial_user_attr(trial._trial_id, "status", "not_run")
+        storage.set_trial_user_attr(trial._trial_id, "failure", f"not run: {reason}")
+        storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        dropped.append(trial.number)
+    return dropped
 
 
 class LoaderProbes:

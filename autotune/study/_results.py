@@ -225,6 +225,11 @@ def write_best_config(study: optuna.Study, result: Result, studies_dir: Path, *,
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(dumps(best_config_document(study, result, unconfirmed, written=_now())) + "\n")
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # a write on a full disk names no file: name it, so the one line does
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

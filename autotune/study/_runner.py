@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -10,7 +11,8 @@ from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Budget, TrialC
 from autotune.hardware._mps import MpsSession
 from autotune.study._colocate import run_copies
 from autotune.study._isolation import run_isolated
-from autotune.trial._compile_cache import compile_cache_env
+from autotune.trial._compile_cache import (CACHE_DIR_ENV, OWN_CACHE_ENV, SWITCHES, compile_cache_env,
+                                           fallback_cache_folder)
 from autotune.trial._execute import TrialSpec
 
 
@@ -43,6 +45,8 @@ class TrialRunner:
         self.memory_limit_gib = memory_limit_gib
         self.compile_timeout = compile_timeout
         self.mps = mps
+        self._cache_fault = ""  # why the study's cache folder was last found unusable ("" while it is fine)
+        self._cache_in_use: Optional[Path] = None  # the folder trials compile into; None: no cache at all
 
     def spec(self, config: TrialConfig, *, seed: int, budget: Optional[Budget] = None,
              prune_below: Optional[float] = None, probe: Optional[str] = None,
@@ -64,11 +68,40 @@ class TrialRunner:
     def _env(self, config: TrialConfig) -> Optional[dict[str, str]]:
         """The variables a trial gets on top of the coordinator's: the study's compile cache, MPS, and the
         allocator's expandable segments (set in the trial process before it initialises CUDA)."""
-        env = compile_cache_env(self.compile_cache, os.environ) if config.compile != "off" else {}
+        env = self._cache_env() if config.compile != "off" else {}
         env.update(self._mps_env(config))
         if config.allocator == "expandable":
             env[ALLOC_CONF_ENV] = alloc_conf_with(os.environ.get(ALLOC_CONF_ENV, ""), EXPANDABLE_SEGMENTS)
         return env or None
+
+    def _cache_env(self) -> dict[str, str]:
+        """``compile_cache_env`` for the folder that works now: the study's own cache once checked, else its
+        fallback (``fallback_cache_folder``), else the caches off. Its fault is the tuner's, never the
+        config's: one line says what was done, once per fault."""
+        env = compile_cache_env(self.compile_cache, os.environ)
+        if CACHE_DIR_ENV not in env:
+            return env  # the user's own cache folder: theirs to keep
+        folder, why = fallback_cache_folder(self.compile_cache)
+        if why != self._cache_fault or folder != self._cache_in_use:
+            if why:
+                then = (f"trials compile with the cache {folder} instead" if folder is not None
+                        else "trials compile without a cache")
+                print(f"autotune: warning: the study's compile cache is unusable: {why}; {then} (no config "
+                      "is blamed for it)", file=sys.stderr, flush=True)
+            elif self._cache_fault:
+                print(f"autotune: the study's compile cache {folder} works again", file=sys.stderr, flush=True)
+            self._cache_fault, self._cache_in_use = why, folder
+        if folder is None:
+            return {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", **{name: "0" for name in SWITCHES}}
+        return {**compile_cache_env(folder, os.environ), OWN_CACHE_ENV: "1"}
+
+    def note_discarded(self, outcome: TrialOutcome) -> None:
+        """Say in one line when a trial discarded corrupt entries of the compile cache before it compiled."""
+        count = (outcome.measurement.extras.get("compile_cache_discarded") if outcome.measurement else None)
+        if count:
+            print(f"autotune: warning: {count} corrupt entr{'ies' if count != 1 else 'y'} of the study's compile "
+                  f"cache {self._cache_in_use} were discarded before a trial compiled; Inductor rebuilt them",
+                  file=sys.stderr, flush=True)
 
     @property
     def compile_cache(self) -> Path:
@@ -90,5 +123,7 @@ class TrialRunner:
         spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below, probe=probe,
                          loader_variants=loader_variants, adopt_script_batch=adopt_script_batch)
         run = run_copies if config.processes_per_gpu > 1 else run_isolated
-        return run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
-                   compile_timeout=self.compile_timeout)
+        outcome = run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
+                      compile_timeout=self.compile_timeout)
+        self.note_discarded(outcome)
+        return outcome

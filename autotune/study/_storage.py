@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import warnings
 from pathlib import Path
@@ -56,6 +57,57 @@ def mask_url(text: str) -> str:
             pos = at
     out.append(text[pos:])
     return re.sub(r"(?i)((?:^|[?&;\s])(?:password|passwd|pwd)=)[^&;\s]*", r"\1***", "".join(out))
+
+
+def password_fragments(url: str) -> list[str]:
+    """The password of ``url`` and the pieces a driver may print of it: a raw ``/``, ``@`` or ``:`` in a
+    password makes the driver parse its tail as a host or a path, which ``mask_url`` cannot recognise."""
+    match = _SCHEME.match(url)
+    if match is None:
+        return []
+    rest = url[match.end():]
+    user = re.match(r"[^:@/\s]*", rest).group(0)  # type: ignore[union-attr]
+    at = rest.rfind("@")
+    if len(rest) <= len(user) or rest[len(user)] != ":" or at <= len(user):
+        return []
+    password = rest[len(user) + 1:at]
+    pieces = {password, *re.split(r"[/@:\s]", password)}
+    return sorted((p for p in pieces if len(p) >= 3), key=len, reverse=True)
+
+
+def hide_secret(text: str, url: Optional[str]) -> str:
+    """``mask_url(text)``, and any piece of ``url``'s password left in it (a driver's own words) as ``***``."""
+    text = mask_url(text)
+    for piece in password_fragments(url or ""):
+        text = text.replace(piece, "***")
+    return text
+
+
+def scrub_initial_environ(name: str) -> bool:
+    """Overwrite ``name``'s value in this process's initial environment block, which ``/proc/PID/environ``
+    shows to every process of the user (a trial's included) for the process's whole life, whatever
+    ``os.environ`` holds since. Linux only; returns whether a value was overwritten.
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51 of proc(5))
+        with open("/proc/self/environ", "rb") as fh:
+            block = fh.read()
+    except (OSError, IndexError, ValueError):
+        return False
+    key = name.encode() + b"="
+    done = False
+    offset = 0
+    for entry in block.split(b"\0"):
+        if entry.startswith(key) and len(entry) > len(key) and start + offset + len(entry) <= end:
+            where = start + offset + len(key)
+            ctypes.memset(where, ord("*"), len(entry) - len(key))
+            done = True
+        offset += len(entry) + 1
+    return done
 
 
 def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
@@ -115,14 +167,55 @@ def storage_failure(exc: BaseException, url: Optional[str]) -> Optional[StudyErr
         where = mask_url(url) if url else "the study database"
         if (isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)) or any(
                 k in lower for k in DISK_FULL):
-            return StudyError(f"storage {where}: the disk is full ({mask_url(text)[:200]}); free space on it, then "
+            return StudyError(f"storage {where}: the disk is full ({hide_secret(text, url)[:200]}); free space on it, then "
                               "rerun the same command to resume (a trial it was running is run again)")
+        if isinstance(cause, json.JSONDecodeError) and url and url.split(":", 1)[0].split("+")[0] in RDB_SCHEMES:
+            bad = _bad_json_attribute(url)
+            if bad:
+                return StudyError(f"{bad} is not valid JSON ({text[:120]}); the storage {mask_url(url)} cannot be "
+                                  "read until that row is fixed or deleted")
         if type(cause).__name__ in ("DatabaseError", "IntegrityError", "OperationalError") and any(
                 k in lower for k in DAMAGED):
             name = url[len("sqlite:///"):] if url and url.startswith("sqlite:///") else where
-            return StudyError(f"the study database {name} is damaged ({mask_url(text)[:200]}); restore it from a copy "
+            return StudyError(f"the study database {name} is damaged ({hide_secret(text, url)[:200]}); restore it from a copy "
                               "(or move it aside to start a new study there)")
     return None
+
+
+def _bad_json_attribute(url: str) -> str:
+    """Which stored attribute of an RDB storage holds text that is not JSON, in words ("" if none is found):
+    Optuna reads every study's attributes at once and fails on the first one with a bare ``JSONDecodeError``."""
+    import sqlalchemy
+
+    queries = (
+        ("study_user_attributes", "select s.study_name, a.key, a.value_json, null from study_user_attributes a "
+                                  "join studies s on s.study_id = a.study_id"),
+        ("study_system_attributes", "select s.study_name, a.key, a.value_json, null from study_system_attributes a "
+                                    "join studies s on s.study_id = a.study_id"),
+        ("trial_user_attributes", "select s.study_name, a.key, a.value_json, t.number from trial_user_attributes a "
+                                  "join trials t on t.trial_id = a.trial_id join studies s on s.study_id = t.study_id"),
+        ("trial_system_attributes", "select s.study_name, a.key, a.value_json, t.number from trial_system_attributes a "
+                                    "join trials t on t.trial_id = a.trial_id join studies s on s.study_id = t.study_id"),
+    )
+    engine = None
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect() as connection:
+            for table, query in queries:
+                for study_name, key, value, number in connection.execute(sqlalchemy.text(query)):
+                    try:
+                        json.loads(value)
+                    except (TypeError, ValueError):
+                        trial = f" of trial {number}" if number is not None else ""
+                        kind = "user" if table.endswith("user_attributes") else "system"
+                        return f"study {study_name!r}: the {kind} attribute {key!r}{trial} ({table})"
+    except Exception:  # noqa: BLE001 - a diagnosis only: the caller falls back to the raw error
+        return ""
+    finally:
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.dispose()
+    return ""
 
 
 def _check_sqlite(path: Path) -> None:
@@ -227,7 +320,7 @@ def open_storage(
         if failure is not None:
             raise failure from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StudyError(f"cannot open storage {mask_url(url)}: {mask_url(first)}") from None
+        raise StudyError(f"cannot open storage {mask_url(url)}: {hide_secret(first, url)}") from None
 
 
 def _require_tables(url: str, engine_kwargs: dict[str, Any]) -> None:

@@ -669,15 +669,24 @@ class Tuner:
     def _why_unconfirmed(self, study: optuna.Study, loop: TrialLoop) -> str:
         """Why no race confirmed the pick in this run ("" when an earlier run's race still stands)."""
         from autotune._records import CONFIRMATION
-        from autotune.study._confirm import _entrants
+        from autotune.study._confirm import CLAIM, _entrants, _running_elsewhere
 
         confirmation = study.user_attrs.get(CONFIRMATION) or {}
         if confirmation and confirmation.get("winner") is not None:
             return ""
         if self.options.confirm.top_k < 1:
             return "--top-k 0: the pick and the baseline were not raced"
-        if len(_entrants(study, self.options.confirm.top_k)[0]) < 2:
+        entrants, _, signature = _entrants(study, self.options.confirm.top_k)
+        if len(entrants) < 2:
             return "fewer than two feasible configs (the baseline counting as one) to race"
+        claim = study.user_attrs.get(CLAIM) or {}
+        if claim.get("candidates") == signature and claim.get("worker") not in (None, _worker_id()):
+            holder = str(claim["worker"])
+            if holder.startswith(f"{socket.gethostname()}:") and not _worker_alive(holder):
+                return f"the race of these finalists was claimed by a process that is gone ({holder}); rerun to race"
+            return f"another process ({holder}) holds the race of these finalists; it records the race"
+        if _running_elsewhere(study):
+            return "another process is still running a trial of this study; it races the finalists when it finishes"
         if loop.budget_note or self._clock.budgeted:
             return f"the budget left no time for the race ({max(0.0, self._clock.usable()):.0f} s left)"
         return "another worker holds the race"

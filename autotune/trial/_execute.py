@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from autotune._config import Budget, TrialConfig, TrialOutcome
@@ -90,6 +91,32 @@ def classify_exception(exc: BaseException, *, memory_limited: bool = False) -> s
     return "error"
 
 
+def infra_fault(exc: BaseException, cache_dir: Optional[str] = None) -> str:
+    """Why ``exc`` is a fault of the tuner's own files, not of the config ("" when it is not): a full disk
+    anywhere, or an OS error on a file of the study's compile cache ``cache_dir``.
+
+    Torch wraps what failed (``InductorError``, ``BackendCompilerFailed``): the whole chain is read.
+    """
+    import errno
+
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if (isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT)) or \
+                "No space left on device" in text:
+            return f"the disk is full: {_one_line(current)}"
+        if cache_dir and isinstance(current, OSError) and (
+                str(current.filename or "").startswith(cache_dir) or cache_dir in text):
+            return f"the study's compile cache {cache_dir} failed: {_one_line(current)}"
+        current = current.__cause__ or current.__context__
+    if cache_dir and cache_dir in str(exc) and any(
+            name in type(exc).__name__ for name in ("InductorError", "BackendCompilerFailed")) and "Errno" in str(exc):
+        return f"the study's compile cache {cache_dir} failed: {_one_line(exc)}"
+    return ""
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
@@ -118,8 +145,14 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
     from autotune.trial._context import ProbeDone, TrialContext, TrialPruned
 
     start = time.perf_counter()
+    discarded: list[str] = []
     if spec.config.compile != "off":
         _compile_cache.apply_switches()  # the study's compile cache, before anything compiles
+        if os.environ.get(_compile_cache.OWN_CACHE_ENV):
+            discarded = _compile_cache.discard_corrupt_entries(Path(os.environ[_compile_cache.CACHE_DIR_ENV]))
+            if discarded:
+                print(f"autotune trial: discarded {len(discarded)} corrupt compile cache entries, e.g. {discarded[0]}",
+                      file=sys.stderr, flush=True)
         if compile_clock_path is not None:
             _phase.install(compile_clock_path, spec.config.compile)
     rank = _distributed.rank_from_env() if RANKS_ENV in os.environ else None
@@ -167,10 +200,15 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
                         f"train_fn returned a {type(returned).__name__}; it should return None and report "
                         "with ctx.report_metric(...), or return the metric as a number"
                     )
+            if discarded:
+                ctx.extras["compile_cache_discarded"] = len(discarded)
             measurement = ctx.measurement()
         return TrialOutcome("ok", measurement, run_seconds=time.perf_counter() - start)
     except BaseException as exc:  # noqa: BLE001 - every way a trial ends must be classified
         traceback.print_exc()
+        infra = infra_fault(exc, os.environ.get(_compile_cache.CACHE_DIR_ENV) if spec.config.compile != "off" else None)
+        if infra:
+            return TrialOutcome("infra", error=infra, run_seconds=time.perf_counter() - start)
         status = "error" if isinstance(exc, WorkloadError) else classify_exception(
             exc, memory_limited=spec.memory_limit_gib is not None)
         return TrialOutcome(status, error=_one_line(exc), run_seconds=time.perf_counter() - start)  # type: ignore[arg-type]
@@ -235,7 +273,10 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     os.environ.update(environ)
     if spec.env:
         os.environ.update(spec.env)
-    outcome = execute(spec, compile_clock_path)
+    try:
+        outcome = execute(spec, compile_clock_path)
+    except OSError:  # the log itself cannot be written (a full disk): nothing to classify, nowhere to say it
+        os._exit(INFRA_EXIT_CODE)
     try:
         # When it ended, for the launcher: of the ranks of one trial, the first to fail is the one to name.
         text = json.dumps({**outcome.to_dict(), "ended_at": time.time()})
@@ -243,15 +284,21 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         text = json.dumps(TrialOutcome("error", error=f"the trial's result is not JSON-serialisable: {exc}",
                                        run_seconds=outcome.run_seconds).to_dict())
     # The log is complete before the result exists: the launcher may end the process once it sees the result.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        pass  # a full disk: the log loses its tail, the result below says whether the trial is lost too
     tmp = result_path + ".tmp"
     try:
         with open(tmp, "w") as fh:
             fh.write(text)
         os.replace(tmp, result_path)
     except OSError as exc:
-        print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)
+        try:
+            print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
         os._exit(INFRA_EXIT_CODE)
     # Written: the trial is over. A normal exit would wait for every non-daemon thread and join every
     # non-daemon multiprocessing child that train_fn left running (the launcher kills its group).
