@@ -399,3 +399,22 @@ def train_stored_items(ctx) -> None:
     for inputs, targets in ctx.batches(ctx.loader(SlowItems(1024, seed=ctx.seed))):
         step(inputs, targets)
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+BATCH_COST_SECONDS = 0.02  # what collating one batch costs, whatever its size (a per-batch round trip)
+
+
+def _collate_at_a_cost(items):
+    time.sleep(BATCH_COST_SECONDS)
+    return torch.utils.data.default_collate(items)
+
+
+def train_batch_cost(ctx) -> None:
+    """The linear model fed by a loader whose cost is per batch: its rate grows with the batch."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(FEATURES, CLASSES))
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(ctx.loader(dataset(2048, seed=ctx.seed), collate_fn=_collate_at_a_cost)):
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
