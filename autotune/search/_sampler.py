@@ -50,9 +50,10 @@ random until a model forms, the sampler:
    benchmark off), all at once: the walk can take them back one by one once the batch fits;
 10. before the single-knob moves, tries the winners of separate lines together (``_combined``): an additive
    model of log-throughput, one effect per knob value, ridge-fitted to every feasible trial, names the knobs
-   whose measured value beats the incumbent's by ``COMBINE_MARGIN``; with two or more, the incumbent with all
-   of them switched is the next move. Knob effects are close to separable, so values that won on different
-   lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
+   whose measured value beats the incumbent's by ``COMBINE_MARGIN``; the incumbent with all of them switched
+   is the next move (one is enough: the workers the loader probes found at the reference's config, joined to
+   the prior point's precision and batch). Knob effects are close to separable, so values that won on
+   different lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -659,8 +660,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _combined(self, seen: list[_Seen], anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
                   dropped: set[tuple[str, Any]]) -> list[dict[str, Any]]:
-        """The incumbent with every knob switched whose measured effect beats its value by ``COMBINE_MARGIN``,
-        where two or more are (rule 10); else nothing. Effects: ridge regression (``COMBINE_RIDGE``) of the
+        """The incumbent with every knob switched whose measured effect beats its value by ``COMBINE_MARGIN``
+        (rule 10); nothing where none does. Effects: ridge regression (``COMBINE_RIDGE``) of the
         centred log-throughput of the feasible trials on one indicator per knob value; a value never measured
         has no effect to read, and one that is clearly worse than the incumbent's, or dropped, is not chosen."""
         data = [s for s in seen if s.feasible and s.value and s.value > 0]
@@ -690,7 +691,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             gain, value = max(gains, key=lambda g: g[0], default=(0.0, None))
             if gain > COMBINE_MARGIN:
                 switches[k] = value
-        return [{**anchor, **switches}] if len(switches) >= 2 else []
+        return [{**anchor, **switches}] if switches else []
 
     def _pair_moves(self, anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
                     knobs: Sequence[str], deferred: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
