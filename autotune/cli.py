@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--probes", action="store_true",
                      help="probe the loader and the step apart when the incumbent waits on its input, as a study "
                           "does (tables that record loader_rate and step_rate)")
+    sim.add_argument("--no-diagnosis", action="store_true",
+                     help="replay the table without its diagnosis fields (data_wait_fraction, loader_rate, "
+                          "step_rate), as a study whose trials record no input wait sees it")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
@@ -723,11 +726,14 @@ def _simulate(args: argparse.Namespace) -> int:
     if not 0 <= args.noise < 1:
         raise AutotuneError(f"--noise {args.noise}: expected a fraction in [0, 1)")
     table = ReplayTable.load(args.table)
+    if args.no_diagnosis:
+        table = table.without_diagnosis()
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     summaries = simulate(table, strategies=strategies, trials=args.trials, seeds=args.seeds, noise=args.noise,
                          top_k=args.top_k, max_accuracy_loss=args.max_accuracy_loss, probes=args.probes)
     settings = {"trials": args.trials, "seeds": args.seeds, "noise": args.noise, "top_k": args.top_k,
-                "max_accuracy_loss": args.max_accuracy_loss, "probes": args.probes}
+                "max_accuracy_loss": args.max_accuracy_loss, "probes": args.probes,
+                "diagnosis": not args.no_diagnosis}
     if args.json:
         print(json.dumps(summaries_document(table, summaries, **settings)))
         return 0
@@ -738,7 +744,8 @@ def _simulate(args: argparse.Namespace) -> int:
     best = table.best(args.max_accuracy_loss)
     out = Table(title=f"{table.name}: {len(table)} rows of {table.size} configs; best {best.throughput:,.1f}/s",
                 caption=f"{args.trials} trials, {args.seeds} seeds, noise +-{args.noise:g}"
-                        + ("; loader probes as a study runs them" if args.probes else "") + "; "
+                        + ("; loader probes as a study runs them" if args.probes else "")
+                        + ("; diagnosis fields removed" if args.no_diagnosis else "") + "; "
                         f"a run that never reaches 95% counts as {args.trials + 1}"
                         + ("" if table.has_seconds else "; the table records no trial_seconds: no minutes"))
     for column in ("strategy", "trials to 95% (median)", "(worst)", "minutes to 95% (median)", "(worst)",

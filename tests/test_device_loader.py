@@ -11,7 +11,7 @@ import torch
 
 import workloads
 from autotune import Budget, KnobError, TrialConfig, TrialContext, Tuner
-from autotune.search._space import DEVICE_LOADER_REFUSED, load_space, restrict_to_model
+from autotune.search._space import DEVICE_LOADER_REFUSED, NO_CTX_LOADER, load_space, restrict_to_model
 from autotune.trial._resident import refusal, same
 
 CPU = torch.device("cpu")
@@ -209,3 +209,61 @@ def test_a_trial_that_meets_a_refusal_ends_in_one_line_and_the_walk_drops_the_va
     assert attrs["status"] == "error" and attrs["refused_value"] == {"knob": "loader", "value": "device"}
     assert attrs["error"].startswith("KnobError: loader=device: random augmentation: item 0 differs")
     assert result.best is not None and result.best.config.loader == "torch"
+
+
+def test_the_default_spaces_list_loader_device() -> None:
+    for name in ("cpu_default", "gpu_default"):
+        assert load_space(name).knobs["loader"].values == ("torch", "device"), name
+    restricted = restrict_to_model(load_space("cpu_default"), activations_4d=None, device_loader=NO_CTX_LOADER)
+    assert restricted.knobs["loader"].values == ("torch",)
+    assert restricted.removed["loader=device"] == f"{DEVICE_LOADER_REFUSED}: {NO_CTX_LOADER}"
+
+
+def _default_study(tmp_path, cpu_caps, func: str, n_trials: int, name: str):
+    """A study of ``func`` from the default CPU space (no ``space``), its budget cut to a few windows."""
+    storage = f"sqlite:///{tmp_path}/{name}.db"
+    result = Tuner(f"{workloads.WORKLOADS}:{func}", n_trials=n_trials, storage=storage,
+                   studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=cpu_caps,
+                   reference_repeats=1, top_k=0, study_name=name, trial_timeout=120).run()
+    return result, optuna.load_study(study_name=name, storage=storage)
+
+
+def test_the_default_cpu_space_proposes_loader_device_for_a_deterministic_dataset(tmp_path, cpu_caps) -> None:
+    result, study = _default_study(tmp_path, cpu_caps, "train_stored_items", 3, "default")
+    assert "loader=device" not in result.removed_knobs
+    # The reference waits on its items (input-bound): serving them from the device is the first move (the
+    # probes' pick where the wait passes their threshold, else the walk's first input knob after the prior).
+    assert study.trials[0].user_attrs["diagnosis"].startswith("input-bound")
+    loaders = [t.params.get("loader") for t in study.trials]
+    assert "device" in loaders[1:3], loaders
+    device = study.trials[loaders.index("device")]
+    loader_knobs = {"loader", "num_workers", "persistent_workers"}
+
+    def rest(t):
+        return {k: v for k, v in t.params.items() if k not in loader_knobs}
+
+    # Against the DataLoader config it moved from (every other knob the same): no wait on storage.
+    moved_from = next(t for t in study.trials if t.params.get("loader") == "torch" and rest(t) == rest(device))
+    assert device.values[0] > 2 * moved_from.values[0]
+    assert result.best is not None and result.best.config.loader == "device"
+
+
+def test_the_default_cpu_space_drops_loader_device_for_random_augmentation(tmp_path, cpu_caps) -> None:
+    storage = f"sqlite:///{tmp_path}/s.db"
+    # Creating the study runs the reference, which checks the dataset; no trial is needed to see the removal.
+    Tuner(f"{workloads.WORKLOADS}:train_augmented", mode="create", storage=storage, studies_dir=tmp_path / "studies",
+          progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1, study_name="augmented").run()
+    removed = optuna.load_study(study_name="augmented", storage=storage).user_attrs["removed_knobs"]
+    assert removed["loader=device"].startswith(f"{DEVICE_LOADER_REFUSED}: random augmentation: item 0 differs")
+
+
+def test_the_default_cpu_space_drops_loader_device_for_an_iterable_dataset() -> None:
+    # What the reference run of train_iterable records (ctx.loader checks the dataset), and what it removes.
+    ctx = TrialContext(config=TrialConfig(batch_size=16), budget=Budget(samples=64, warmup_steps=1, windows=3),
+                       device=CPU)
+    ctx.loader(workloads.IterableItems(64), shuffle=False)
+    reason = ctx.extras["device_loader"]
+    assert reason == "an IterableDataset has no indices to serve batches by"
+    space = restrict_to_model(load_space("cpu_default"), activations_4d=None, device_loader=reason)
+    assert space.knobs["loader"].values == ("torch",)
+    assert space.removed["loader=device"] == f"{DEVICE_LOADER_REFUSED}: {reason}"

@@ -164,3 +164,33 @@ def test_loader_moves_pair_knobs_of_one_backend_and_stop_at_the_cap():
     idle = [v for v in loader_variants(space, space.baseline.replace(num_workers=0)) if v.num_workers == 0]
     assert [(v.pin_memory, v.prefetch_factor, v.persistent_workers) for v in idle] == [
         (not space.baseline.pin_memory, space.baseline.prefetch_factor, space.baseline.persistent_workers)]
+
+
+SCALE_SPACE = """\
+knobs:
+  batch_size: [16, 32, 64, 128, 256]
+  num_workers: [0, 1]
+  cpu_threads: [1]
+batch_policy: scale
+baseline: {batch_size: 32, num_workers: 0, cpu_threads: 1}
+budget: {samples: 2048, warmup_steps: 1, windows: 3}
+"""
+
+
+def test_under_scale_the_loader_probe_measures_larger_batches_and_the_walk_moves_the_batch(tmp_path, cpu_caps):
+    # The loader's cost is per batch (a collate that waits), so its rate grows with the batch.
+    (tmp_path / "space.yaml").write_text(SCALE_SPACE)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    Tuner(f"{WORKLOADS}:train_batch_cost", space=tmp_path / "space.yaml", n_trials=3, storage=storage,
+          studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1,
+          top_k=0, prune_below=None, study_name="scale").run()
+    study = optuna.load_study(study_name="scale", storage=storage)
+    loaders = {p["config"]["batch_size"]: p["rate"] for p in study.user_attrs[PROBES]
+               if p["kind"] == "loader" and p["config"]["num_workers"] == 0}
+    assert set(loaders) == {64, 128, 256}  # each larger batch than the incumbent's, in one probe process
+    assert loaders[256] > 2 * loaders[64]
+    steps = {p["config"]["batch_size"] for p in study.user_attrs[PROBES] if p["kind"] == "step"}
+    assert steps == {32, 256}  # the step at the incumbent's batch and at the batch whose loader is fastest
+    full = [t for t in study.trials if t.user_attrs.get("role") != "reference"][:4]
+    assert max(t.params["batch_size"] for t in full) == 256, [t.params for t in full]
+    assert full[0].params["batch_size"] == 256 and full[0].user_attrs.get(PREDICTED)

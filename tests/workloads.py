@@ -366,3 +366,55 @@ def train_input_bound(ctx) -> None:
     for inputs, targets in ctx.batches(ctx.loader(SlowItems(seed=ctx.seed))):
         step(inputs, targets)
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+class IterableItems(torch.utils.data.IterableDataset):
+    """``PerSampleDataset``'s samples as a stream: no indices, so ``loader=device`` must refuse it."""
+
+    def __init__(self, n: int = 1024) -> None:
+        self.items = PerSampleDataset(n)
+
+    def __iter__(self):
+        return (self.items[i] for i in range(len(self.items)))
+
+
+def train_iterable(ctx) -> None:
+    """``train_per_sample`` on ``IterableItems`` (not shuffled: a stream has no indices to shuffle)."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(FEATURES, CLASSES))
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for batch in ctx.batches(ctx.loader(IterableItems(), shuffle=False)):
+        step(batch["inputs"], batch["targets"])
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+def train_stored_items(ctx) -> None:
+    """The linear model over ``SlowItems`` (each item read as from storage, deterministic): the step waits on
+    the DataLoader, and ``loader=device`` reads each item once."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(FEATURES, CLASSES))
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(ctx.loader(SlowItems(1024, seed=ctx.seed))):
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
+
+BATCH_COST_SECONDS = 0.02  # what collating one batch costs, whatever its size (a per-batch round trip)
+
+
+def _collate_at_a_cost(items):
+    time.sleep(BATCH_COST_SECONDS)
+    return torch.utils.data.default_collate(items)
+
+
+def train_batch_cost(ctx) -> None:
+    """The linear model fed by a loader whose cost is per batch: its rate grows with the batch."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(nn.Linear(FEATURES, CLASSES))
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(ctx.loader(dataset(2048, seed=ctx.seed), collate_fn=_collate_at_a_cost)):
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))

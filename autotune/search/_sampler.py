@@ -26,7 +26,12 @@ random until a model forms, the sampler:
    within a tier, moves are ranked by expected gain; the predicted seconds (``_cost``) only order moves
    of near-equal gain (``NEAR_TIE``), so a costly move that can win (a max-autotune compile) does not wait
    behind several cheap ones that rarely do; a value whose gain the model predicts (``value_gains``: fp8
-   gains only on the linear work it converts) has its gain scaled by it;
+   gains only on the linear work it converts) has its gain scaled by it; a knob measured flat on two lines
+   waits with the knobs that cannot help;
+   where nothing recorded the incumbent's bottleneck (no diagnosis, no input wait: a ``train_fn`` that times
+   its own loop, an older table), the batch line does not make the input knobs wait (a loader's cost per
+   sample or per batch draws the same line as the step's), and the step's knobs and the input pipeline's
+   are ranked apart, so each group's first knob is among the first moves;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
@@ -45,9 +50,10 @@ random until a model forms, the sampler:
    benchmark off), all at once: the walk can take them back one by one once the batch fits;
 10. before the single-knob moves, tries the winners of separate lines together (``_combined``): an additive
    model of log-throughput, one effect per knob value, ridge-fitted to every feasible trial, names the knobs
-   whose measured value beats the incumbent's by ``COMBINE_MARGIN``; with two or more, the incumbent with all
-   of them switched is the next move. Knob effects are close to separable, so values that won on different
-   lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
+   whose measured value beats the incumbent's by ``COMBINE_MARGIN``; the incumbent with all of them switched
+   is the next move (one is enough: the workers the loader probes found at the reference's config, joined to
+   the prior point's precision and batch). Knob effects are close to separable, so values that won on
+   different lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -352,6 +358,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         worse = self._clearly_worse(seen)
         label = self._bottleneck_of(seen, best)
         first, later = self._tiers(seen, best, label)
+        # A knob measured flat on two lines waits with the knobs that cannot help: on a plateau the noise moves
+        # the incumbent, and each new one would otherwise retry it before the pairs of the knobs that matter.
+        flat = self._barely_matters(seen)
+        first, later = [k for k in first if k not in flat], [k for k in first if k in flat] + later
         prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
         priced = [s.cost for s in seen if s.cost is not None]
@@ -468,6 +478,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             waits = INPUT_KNOBS  # a step that does not wait for input cannot be sped up by the loader
         if label is not None:
             waits = BOTTLENECK_WAITS[label]
+            if _undiagnosed(best):
+                # Read off the batch line alone: a loader's cost per sample or per batch draws the same line
+                # as the step's, so without an input wait nothing says the loader cannot help.
+                waits = waits - INPUT_KNOBS
         if any(s.activations_4d is False for s in seen):
             waits = waits | {"channels_last"}  # no 4-D activations: the memory format changes nothing
         head = [k for k in BOTTLENECK_KNOBS.get(label or "", ()) if k in self._space and k not in waits]
@@ -493,13 +507,16 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         rate = best.value if best is not None else None
         # The knobs the incumbent's diagnosis names as its levers are tried in that order, prior or not.
         levers = BOTTLENECK_KNOBS.get(_bottleneck(best.diagnosis) or "", ()) if best is not None else ()
+        # Without a diagnosis the step's and the input pipeline's knobs are ranked apart: each group's first knob
+        # is a first move, so the loader is tried within the first trials even where nothing says it binds.
+        ranks = _group_ranks(knobs) if _undiagnosed(best) else {k: i for i, k in enumerate(knobs)}
         scored = []
         for i, candidate in enumerate(candidates):
             name = next((k for k in knobs if candidate[k] != anchor[k]), None)
             if name is None:
                 continue
             order = self._value_order(name, anchor[name], prefer=prefer.get(name, ()))
-            gain = 0.5 ** order.index(candidate[name]) / (1 + list(knobs).index(name))
+            gain = 0.5 ** order.index(candidate[name]) / (1 + ranks[name])
             gain *= self._value_gains.get((name, candidate[name]), 1.0)
             # The priors among this space's values: a value the space lacks (fp8) does not move the others' ranks.
             prior = [v for v in self._priors.get(name, ()) if v in self._values[name]]
@@ -643,8 +660,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _combined(self, seen: list[_Seen], anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
                   dropped: set[tuple[str, Any]]) -> list[dict[str, Any]]:
-        """The incumbent with every knob switched whose measured effect beats its value by ``COMBINE_MARGIN``,
-        where two or more are (rule 10); else nothing. Effects: ridge regression (``COMBINE_RIDGE``) of the
+        """The incumbent with every knob switched whose measured effect beats its value by ``COMBINE_MARGIN``
+        (rule 10); nothing where none does. Effects: ridge regression (``COMBINE_RIDGE``) of the
         centred log-throughput of the feasible trials on one indicator per knob value; a value never measured
         has no effect to read, and one that is clearly worse than the incumbent's, or dropped, is not chosen."""
         data = [s for s in seen if s.feasible and s.value and s.value > 0]
@@ -674,7 +691,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             gain, value = max(gains, key=lambda g: g[0], default=(0.0, None))
             if gain > COMBINE_MARGIN:
                 switches[k] = value
-        return [{**anchor, **switches}] if len(switches) >= 2 else []
+        return [{**anchor, **switches}] if switches else []
 
     def _pair_moves(self, anchor: dict[str, Any], worse: set[tuple[str, Any, Any]],
                     knobs: Sequence[str], deferred: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -793,6 +810,19 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         slow_compile=next(iter(slow_compile_modes([attrs])), None),
         refused=_refused(attrs.get("refused_value")),
     )
+
+
+def _undiagnosed(best: Optional[_Seen]) -> bool:
+    """Whether the incumbent ran and nothing recorded its bottleneck: no diagnosis and no input wait (a
+    ``train_fn`` that times its own loop, a table of an older format)."""
+    return best is not None and best.diagnosis is None and best.data_wait is None
+
+
+def _group_ranks(knobs: Sequence[str]) -> dict[str, int]:
+    """Each knob's rank among the knobs of its group, in the order of ``knobs``: the input pipeline's
+    (``INPUT_KNOBS``) or the step's."""
+    groups = {"input": [k for k in knobs if k in INPUT_KNOBS], "step": [k for k in knobs if k not in INPUT_KNOBS]}
+    return {k: i for members in groups.values() for i, k in enumerate(members)}
 
 
 def _refused(value: Any) -> Optional[tuple[str, Any]]:

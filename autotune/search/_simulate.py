@@ -24,6 +24,7 @@ would do, minus the training. Scoring:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -45,6 +46,8 @@ from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
 STATUSES = ("ok", "oom", "error")
+# The fields of a row that diagnose its bottleneck rather than measure it: ``without_diagnosis`` drops them.
+DIAGNOSIS_FIELDS = ("data_wait_fraction", "loader_rate", "step_rate")
 # A loader variant that stops after its first timed window pays this share of its samples: one of a default
 # budget's three windows (its warm-up is not counted apart).
 ONE_WINDOW = 1 / 3
@@ -146,6 +149,12 @@ class ReplayTable:
                 raise TableError(f"{path}:{number}: the config {rows[-1].params} appears twice")
             seen.add(key)
         return cls(rows, name=path.stem)
+
+    def without_diagnosis(self) -> "ReplayTable":
+        """The same table with the diagnosis fields removed (``DIAGNOSIS_FIELDS``: the input wait and the probes'
+        rates), as a study records when its ``train_fn`` times its own loop or the probes cannot run."""
+        rows = [dataclasses.replace(row, **{f: None for f in DIAGNOSIS_FIELDS}) for row in self._rows.values()]
+        return ReplayTable(rows, name=self.name)
 
     def __len__(self) -> int:
         return len(self._rows)

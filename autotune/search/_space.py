@@ -904,6 +904,8 @@ def _process_removals(space: SearchSpace, caps: Any) -> list[tuple[str, Any, str
 
 # How the reason starts when the reference run's dataset cannot be served from the device (``restrict_to_model``).
 DEVICE_LOADER_REFUSED = "the reference run's dataset cannot be kept on the device"
+# Why loader=device goes when the reference run built no ``ctx.loader`` (its data comes another way).
+NO_CTX_LOADER = "the script builds no ctx.loader (loader=device serves the dataset given to ctx.loader)"
 # Why channels_last goes when the reference run shows no layer with 4-D activations (see ``restrict_to_model``).
 NO_4D_ACTIVATIONS = ("the model has no 4-D activations (ctx.model found no Conv2d, BatchNorm2d or pooling "
                      "layer in the reference run): the memory format changes nothing")

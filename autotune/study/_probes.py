@@ -26,14 +26,15 @@ full trials, and a probe's loss trajectory feeds no verdict.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune._config import TrialConfig
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
-                                       correction_of, loader_moves, predict)
+                                       correction_of, loader_moves, nearest_first, predict)
+from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._progress import _Progress
@@ -42,7 +43,7 @@ from autotune.study._runner import TrialRunner
 PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
 PREDICTED = "predicted_throughput"  # trial attribute of a trial enqueued from probes
 __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PREDICTED", "PROBES", "WORTH", "LoaderProbes",
-           "correction", "loader_variants", "predict", "prediction_error"]
+           "batch_variants", "correction", "loader_variants", "predict", "prediction_error"]
 
 
 def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig]:
@@ -63,6 +64,26 @@ def loader_variants(space: SearchSpace, config: TrialConfig) -> list[TrialConfig
         if len(variants) == MAX_LOADER_PROBES:
             break
     return variants
+
+
+def batch_variants(space: SearchSpace, config: TrialConfig,
+                   ooms: Sequence[tuple[int, Mapping[str, Any]]] = ()) -> list[TrialConfig]:
+    """Under ``batch_policy: scale``, the incumbent at each larger batch of the space, nearest first, that can
+    run here and that no out-of-memory rules out (``ooms``: trial number and params); else none.
+
+    A loader's cost is partly per batch (a collate, a worker's round trip), so its rate grows with the batch:
+    where the batch may change, it is a lever of the loader as much as of the step. A smaller batch is not
+    one: it can only add per-batch costs."""
+    spec = space.knobs.get("batch_size")
+    if space.batch_policy != "scale" or spec is None:
+        return []
+    out = []
+    for batch in nearest_first([b for b in spec.values if b > config.batch_size], config.batch_size):
+        candidate = config.replace(batch_size=batch)
+        asked = space.asked_params(candidate.to_dict())
+        if not space.cannot_run(candidate.to_dict()) and infeasible_reason(asked, ooms) is None:
+            out.append(candidate)
+    return out
 
 
 def _within_space(space: SearchSpace, config: TrialConfig) -> TrialConfig:
@@ -207,13 +228,19 @@ class LoaderProbes:
         """Probe the incumbent's step and its loader variants; enqueue the best predicted variant.
 
         Returns the enqueued config, or None (no variant predicted worth a full trial, or no time)."""
+        batches = [v for v in batch_variants(self.space, incumbent, self._ooms()) if not self._measured(v)]
         variants = [v for v in loader_variants(self.space, incumbent) if not self._measured(v)]
-        if not variants:
+        if not variants and not batches:
             return None
         step_rate = self._step(incumbent, ui, keep)
         factor = correction(self.study)
-        best = best_predicted(list(zip(self._loaders(variants, ui, keep), variants)), step_rate, factor,
-                              incumbent_rate)
+        # One process: the loader at the larger batches first (under scale), then its own knobs' variants.
+        rates = self._loaders([*batches, *variants], ui, keep)
+        batch_rates, loader_rates = rates[:len(batches)], rates[len(batches):]
+        best = best_predicted(list(zip(loader_rates, variants)), step_rate, factor, incumbent_rate)
+        batch_best = self._best_batch(list(zip(batch_rates, batches)), step_rate, factor, incumbent_rate, ui, keep)
+        if batch_best is not None and (best is None or batch_best[0] >= best[0]):
+            best = batch_best  # the batch moves first when its predicted gain is at least the loader knobs'
         if best is None:
             return None
         predicted, variant = best
@@ -227,7 +254,27 @@ class LoaderProbes:
         """Whether ``config``'s probes ran already (its step probe is stored), or none is left to run."""
         if f"step:{_key(config)}" in self._done():
             return True
-        return not [v for v in loader_variants(self.space, config) if not self._measured(v)]
+        return not [v for v in (*loader_variants(self.space, config), *batch_variants(self.space, config, self._ooms()))
+                    if not self._measured(v)]
+
+    def _best_batch(self, candidates: list[tuple[Optional[float], TrialConfig]], step_rate: Optional[float],
+                    factor: float, incumbent_rate: float, ui: _Progress, keep: float
+                    ) -> Optional[tuple[float, TrialConfig]]:
+        """Of the incumbent at larger batches, the one ``predict`` rates fastest from its loader's rate and
+        the step's rate at that batch, when it beats the incumbent by ``WORTH``. The step probe runs at the
+        batch whose loader is fastest, and only where the loader there would be worth a trial: the
+        incumbent's step rate is no bound on the step's at another batch."""
+        ranked = sorted(((r, c) for r, c in candidates if r), key=lambda rc: -rc[0])
+        if not ranked or predict(ranked[0][0], None, factor) < WORTH * incumbent_rate:
+            return None
+        rate, config = ranked[0]
+        at_batch = self._step(config, ui, keep)
+        return best_predicted([(rate, config)], at_batch or step_rate, factor, incumbent_rate)
+
+    def _ooms(self) -> list[tuple[int, dict[str, Any]]]:
+        """(number, params) of the trials that ran out of memory, for the memory rule."""
+        return [(t.number, t.params) for t in self.study.get_trials(deepcopy=False)
+                if t.user_attrs.get("status") == "oom"]
 
     def _measured(self, config: TrialConfig) -> bool:
         key = self.space.asked_params(config.to_dict())

@@ -777,8 +777,11 @@ def _repeated_blocks(reference: dict[str, Any]) -> Optional[list[str]]:
 
 def _device_loader(reference: dict[str, Any]) -> Optional[str]:
     """What the reference run's ``ctx.loader`` found of ``loader=device`` for its dataset: "ok", why it cannot
-    serve it, or None when the run built no ``ctx.loader``."""
-    value = ((reference.get("reference_measurement") or {}).get("extras") or {}).get("device_loader")
+    serve it (``NO_CTX_LOADER`` when the run built no ``ctx.loader``), or None when nothing was recorded."""
+    extras = (reference.get("reference_measurement") or {}).get("extras") or {}
+    value = extras.get("device_loader")
+    if extras and not extras.get("loader_built"):
+        return _space.NO_CTX_LOADER  # measured without ctx.loader: there is no dataset to serve
     return value if isinstance(value, str) else None
 
 

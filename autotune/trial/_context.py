@@ -335,7 +335,8 @@ class TrialContext:
         windows: list[int] = []  # each variant's timed windows (1: it stopped as too slow)
         fastest = 0.0
         for index, cfg in enumerate((self.config, *self.loader_variants)):
-            built = self._loader_options(cfg, options, kwargs)
+            # Each at its own batch: under batch_policy scale the batch is a lever of the loader too.
+            built = self._loader_options(cfg, {**options, "batch_size": cfg.batch_size}, kwargs)
             recorder = self.recorder if index == 0 else WindowRecorder(self.device)
             try:
                 loader = self._device_loader(dataset, built, cfg if index else None) if cfg.loader == "device" else \

@@ -1,7 +1,7 @@
 """Replay strategies on the generated table family (``family.py``) and summarise trials and minutes to 95%.
 
     python -m benchmarks.tables.family_search [--count 50] [--first-seed 0] [--seeds 3] [--trials 30]
-        [--noise 0.02] [--jobs 2] [--no-row-noise] [--probes]
+        [--noise 0.02] [--jobs 2] [--no-row-noise] [--probes] [--no-diagnosis]
 
 Prints one line per table (median / worst trials and median minutes to 95% of each strategy) and the
 family's summary: the median over every run, the worst run, and how many tables meet the per-table targets
@@ -28,26 +28,30 @@ MEDIAN_TARGET, WORST_TARGET, MINUTES_SHARE = 5, 12, 0.5
 
 
 def measure(seed: int, strategies: Sequence[str], seeds: int, trials: int, noise: float,
-            row_noise: bool = True, probes: bool = False) -> dict[str, Any]:
-    """Per strategy on table ``family-<seed>``: trials and minutes to 95% of every replay seed."""
+            row_noise: bool = True, probes: bool = False, diagnosis: bool = True) -> dict[str, Any]:
+    """Per strategy on table ``family-<seed>``: trials and minutes to 95% of every replay seed (``diagnosis``
+    False: the table without its diagnosis fields, ``ReplayTable.without_diagnosis``)."""
     table = family.table(seed, row_noise=row_noise)
+    if not diagnosis:
+        table = table.without_diagnosis()
     out: dict[str, Any] = {"table": table.name, "kind": family.profile(seed).description.split(": ")[1],
                            "size": table.size}
     for summary in simulate(table, strategies=strategies, trials=trials, seeds=seeds, noise=noise, probes=probes):
         out[summary.strategy] = {"trials": [r.trials_to_95 for r in summary.runs],
+                                 "fraction": [r.best_fraction for r in summary.runs],
                                  "minutes": [r.minutes_to_95 or 0.0 for r in summary.runs]}
     return out
 
 
-def _job(args: tuple[int, Sequence[str], int, int, float, bool, bool]) -> dict[str, Any]:
+def _job(args: tuple[int, Sequence[str], int, int, float, bool, bool, bool]) -> dict[str, Any]:
     return measure(*args)
 
 
 def run(count: int = 50, strategies: Sequence[str] = ("guided", "tpe", "random"), seeds: int = 3,
         trials: int = 30, noise: float = 0.02, jobs: int = 1, first_seed: int = 0,
-        row_noise: bool = True, probes: bool = False) -> list[dict[str, Any]]:
+        row_noise: bool = True, probes: bool = False, diagnosis: bool = True) -> list[dict[str, Any]]:
     """``measure`` on the family's ``count`` tables from ``first_seed``, ``jobs`` at a time."""
-    work = [(seed, tuple(strategies), seeds, trials, noise, row_noise, probes)
+    work = [(seed, tuple(strategies), seeds, trials, noise, row_noise, probes, diagnosis)
             for seed in family.seeds(count, first_seed)]
     if jobs <= 1:
         return [_job(w) for w in work]
@@ -72,6 +76,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0, help="1000: the held-out family")
     parser.add_argument("--no-row-noise", action="store_true", help="tables without their per-row noise")
     parser.add_argument("--probes", action="store_true", help="the loop's loader probes while input-bound")
+    parser.add_argument("--no-diagnosis", action="store_true",
+                        help="tables without data_wait_fraction and the probes' rates")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--noise", type=float, default=0.02)
@@ -81,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     strategies = args.strategies.split(",")
     start = time.time()
     rows = run(args.count, strategies, args.seeds, args.trials, args.noise, args.jobs, args.first_seed,
-               not args.no_row_noise, args.probes)
+               not args.no_row_noise, args.probes, not args.no_diagnosis)
     print("| table | kind | space | " + " | ".join(f"{s} trials | {s} minutes" for s in strategies) + " | targets |")
     print("|---|---|---:|" + "---:|---:|" * len(strategies) + "---|")
     for row in rows:
@@ -100,7 +106,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{sum(1 for t in every if t > WORST_TARGET)} of {len(every)}, tables with median <= {MEDIAN_TARGET}: "
               f"{sum(1 for m in medians if m <= MEDIAN_TARGET)}, worst <= {WORST_TARGET}: "
               f"{sum(1 for row in rows if max(row[s]['trials']) <= WORST_TARGET)}; minutes median of table medians "
-              f"{statistics.median(minutes):.1f}, total {sum(minutes):.0f}")
+              f"{statistics.median(minutes):.1f}, total {sum(minutes):.0f}; fraction after {args.trials}: median "
+              f"{statistics.median(f for row in rows for f in row[s]['fraction']):.3f}, worst "
+              f"{min(f for row in rows for f in row[s]['fraction']):.3f}")
     verdicts = [meets(row) for row in rows]
     print(f"tables meeting the targets: {sum(1 for v in verdicts if v)} of {len(rows)} ({time.time() - start:.0f} s)")
     return 0
