@@ -264,7 +264,12 @@ def test_a_trial_queued_by_the_probes_past_the_budget_is_taken_off_the_queue_wit
     settings = dict(space=tmp_path / "space.yaml", n_trials=1, storage=f"sqlite:///{tmp_path}/s.db",
                     studies_dir=tmp_path / "studies", plots=False, capabilities=cpu_caps, reference_repeats=1,
                     top_k=0, prune_below=None, study_name="p")
-    # The reference (trial 0) is input-bound: the probes queue their prediction, and the one trial is done.
+    # The one trial (the reference) is done; a trial the probes queued is left WAITING (as one queued just
+    # before the budget ran out is), and the same command is run again.
+    Tuner(f"{HERE / 'workloads.py'}:train_input_bound", progress=False, **settings).run()
+    study = optuna.load_study(study_name="p", storage=settings["storage"])
+    study.enqueue_trial({**study.trials[0].params, "num_workers": 1},
+                        user_attrs={"predicted_throughput": 1.0, "predicted_from": "probes"})
     Tuner(f"{HERE / 'workloads.py'}:train_input_bound", progress=False, **settings).run()
     trials = optuna.load_study(study_name="p", storage=settings["storage"]).trials
     queued = [t for t in trials if t.user_attrs.get("predicted_from") == "probes"]

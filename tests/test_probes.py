@@ -181,16 +181,20 @@ def test_under_scale_the_loader_probe_measures_larger_batches_and_the_walk_moves
     # The loader's cost is per batch (a collate that waits), so its rate grows with the batch.
     (tmp_path / "space.yaml").write_text(SCALE_SPACE)
     storage = f"sqlite:///{tmp_path}/s.db"
-    Tuner(f"{WORKLOADS}:train_batch_cost", space=tmp_path / "space.yaml", n_trials=3, storage=storage,
+    Tuner(f"{WORKLOADS}:train_batch_cost", space=tmp_path / "space.yaml", n_trials=4, storage=storage,
           studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=cpu_caps, reference_repeats=1,
           top_k=0, prune_below=None, study_name="scale").run()
     study = optuna.load_study(study_name="scale", storage=storage)
-    loaders = {p["config"]["batch_size"]: p["rate"] for p in study.user_attrs[PROBES]
-               if p["kind"] == "loader" and p["config"]["num_workers"] == 0}
-    assert set(loaders) == {64, 128, 256}  # each larger batch than the incumbent's, in one probe process
-    assert loaders[256] > 2 * loaders[64]
-    steps = {p["config"]["batch_size"] for p in study.user_attrs[PROBES] if p["kind"] == "step"}
-    assert steps == {32, 256}  # the step at the incumbent's batch and at the batch whose loader is fastest
+    # The planner runs the prior point first; the probes then start from the incumbent, whichever it is.
+    probes = study.user_attrs[PROBES]
+    incumbent = next(p["config"] for p in probes if p["kind"] == "step")
+    loaders = {p["config"]["batch_size"]: p["rate"] for p in probes
+               if p["kind"] == "loader" and p["config"]["num_workers"] == incumbent["num_workers"]}
+    larger = {b for b in (16, 32, 64, 128, 256) if b > incumbent["batch_size"]}
+    assert larger and larger <= set(loaders)  # each larger batch than the incumbent's, in one probe process
+    assert loaders[256] > loaders[min(larger)]  # the loader's rate grows with the batch
+    steps = {p["config"]["batch_size"] for p in probes if p["kind"] == "step"}
+    assert steps == {incumbent["batch_size"], 256}  # the incumbent's batch, and the batch whose loader is fastest
     full = [t for t in study.trials if t.user_attrs.get("role") != "reference"][:4]
     assert max(t.params["batch_size"] for t in full) == 256, [t.params for t in full]
-    assert full[0].params["batch_size"] == 256 and full[0].user_attrs.get(PREDICTED)
+    assert any(t.params["batch_size"] == 256 and t.user_attrs.get(PREDICTED) for t in full)
