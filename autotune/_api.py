@@ -16,9 +16,19 @@ from autotune._records import summarize_study
 from autotune.study._tuner import Tuner
 
 
-def run(train_fn: Union[Callable[..., Any], str], **options: Any) -> Result:
-    """Tune ``train_fn(ctx)`` and return the best feasible config. Options are ``Tuner``'s."""
-    return Tuner(train_fn, **options).run()
+def run(train_fn: Union[Callable[..., Any], str], *, summary: bool = True, **options: Any) -> Result:
+    """Tune ``train_fn(ctx)`` and return what the study found (``Result.best_config``: the config to train with).
+
+    Args:
+        train_fn: A module-level ``train(ctx)``, or its ``path.py:func`` / ``module:func``.
+        summary: Print the summary ``autotune tune`` prints at the end (the verdict, the accuracy check, where
+            the minutes went); ``False``: print nothing.
+        **options: ``Tuner``'s (``n_trials``, ``study_name``, ...), or the CLI's names where they differ
+            (``trials``, ``study``, ``budget``, ``memory_limit``, ``nproc_per_trial``).
+    """
+    from autotune.integrations._summary import run_and_summarize
+
+    return run_and_summarize(Tuner(train_fn, **options), summary=summary)
 
 
 def load_study_result(study_name: str, *, storage: Optional[str] = None,

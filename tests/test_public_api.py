@@ -57,7 +57,7 @@ BEST_CONFIG_KEYS = {
     "metric_noise", "measurement", "removed_knobs", "fingerprint", "confirmation", "written",
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
-    "float8", "allocator", "compile",
+    "float8", "allocator", "compile", "keep_baseline", "not_recommended",
 }
 
 

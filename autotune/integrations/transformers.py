@@ -196,7 +196,8 @@ def tune(train_fn: Union[Callable[..., Any], str], *, args: Any = None,
         args: Your ``TrainingArguments``: the untuned baseline (``baseline=`` overrides it).
         space: A built-in space name, a YAML path or a ``SearchSpace``.
         metric_direction: ``"maximize"`` when ``run_trainer``'s ``metric`` is an accuracy-like metric.
-        **options: Any ``Tuner`` option (``n_trials``, ``study_name``, ``storage``, ...).
+        **options: Any ``Tuner`` option (``n_trials``, ``study_name``, ``storage``, ...; the CLI's names, e.g.
+            ``study``, ``trials``, are taken too), and ``summary=False`` to print no summary at the end.
     """
     stated = baseline(args) if args is not None else None
     return _common.tune(train_fn, space=search_space(space, args=args), baseline=stated,

@@ -499,7 +499,8 @@ class Tuner:
                 # second, not after the trial server's torch import (a given space reads no capability).
                 given = self._load_space(None)
         with clock.part("probe"):
-            caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
+            caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target,
+                                                                                  script_args=opts.trial.script_args)
         setup_began = time.monotonic()
         storage, storage_label = open_storage(opts.study.storage, opts.study.studies_dir,
                                               grace_period=opts.study.grace_period)
@@ -526,7 +527,7 @@ class Tuner:
         runner = TrialRunner(target=self.target, logdir=study_dir(self.study_name, studies_dir) / "logs",
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
                              memory_limit_gib=opts.trial.memory_limit_gib,
-                             compile_timeout=opts.trial.compile_deadline, mps=mps)
+                             compile_timeout=opts.trial.compile_deadline, mps=mps, script_args=opts.trial.script_args)
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed,
                                                    clock=clock)
         # The trial server's start (a torch import: seconds) is setup, not the first reference run's wall time,
