@@ -343,7 +343,7 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
         command += ["--no-plots"]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
-    if args.script_args is not None:
+    if args.script_args:
         command += ["--", *args.script_args]  # each worker's trials get the script's own arguments too
     from autotune.study._signals import PARENT_ENV, Interrupted, track_child
 
@@ -682,7 +682,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(own)
     if script_args is not None and args.command not in _SCRIPT_COMMANDS:
         parser.error(f"arguments after -- are the script's, which only {' and '.join(_SCRIPT_COMMANDS)} run")
-    args.script_args = script_args
+    # A trial process is started with its coordinator's sys.argv, which here is autotune's own: the script gets
+    # the arguments after -- instead, or none.
+    args.script_args = (script_args or []) if args.command in _SCRIPT_COMMANDS else None
     import optuna
 
     from autotune.study import _signals

@@ -193,8 +193,9 @@ class TrialOptions:
             count; see ``autotune.trial._phase``.
         script_args: The script's own command-line arguments (``autotune tune main.py:train -- --emsize 64``):
             every trial process, and the probe that imports the script, has ``sys.argv`` set to the script's
-            path followed by them before the script is imported. ``None``: trials get none (a script's
-            ``argparse`` then sees its defaults).
+            path followed by them before the script is imported. ``None``: trials get this process's own
+            ``sys.argv`` (a script that calls ``autotune.run`` passes its own options on); the CLI gives ``[]``
+            without ``--`` (its own arguments are no script's).
     """
 
     trial_timeout: float = 600.0
