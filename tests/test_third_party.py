@@ -217,6 +217,12 @@ def test_the_scripts_own_arguments_and_working_directory_reach_every_trial(tmp_p
     assert len(seen) >= 2 and all(s["emsize"] == 64 and s["in_study"] and s["data_found"] for s in seen), seen
     assert all(s["argv"] == [str(tmp_path / "main.py"), "--emsize", "64", "--data", "data"] for s in seen)
     assert all(Path(s["cwd"]) == work for s in seen)
+    # Without --, a trial's argparse sees no arguments: not autotune's own (it would exit on --space).
+    _tune(work, monkeypatch, {}, "--space", "space.yaml", "--study", "no-args", "--trials", "1", "--top-k", "0",
+          target=f"{tmp_path / 'main.py'}:train")
+    study = optuna.load_study(study_name="no-args", storage=f"sqlite:///{work}/studies/autotune.db")
+    assert [t.user_attrs["extra:seen"]["argv"] for t in study.trials] == [[str(tmp_path / "main.py")]]
+    assert study.trials[0].user_attrs["extra:seen"]["emsize"] == 200
     # The Python twin: script_args=, and a string is refused in one line (it would be split into letters).
     with pytest.raises(ValueError, match="split it with shlex.split"):
         autotune.Tuner(f"{tmp_path / 'main.py'}:train", script_args="--emsize 64")
