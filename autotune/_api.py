@@ -48,7 +48,8 @@ def load_study_result(study_name: str, *, storage: Optional[str] = None,
 
 def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
               studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> TrialConfig:
-    """The best config of a study, from its ``best_config.json`` or from the storage.
+    """The config to train with, from a study's ``best_config.json`` or from the storage: its pick when that
+    is faster than the baseline, else the baseline itself (``Result.best_config``).
 
     Args:
         study_or_path: A path to ``best_config.json``, or a study name.
@@ -66,6 +67,9 @@ def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
             raise StudyError(f"{path}: not a best_config.json ({exc})") from None
         if not doc.get("config"):
             raise StudyError(f"{path}: the study found no feasible config")
+        baseline = (doc.get("baseline") or {}).get("config")
+        if doc.get("faster") is False and "keep_baseline" not in doc and baseline:
+            return TrialConfig.from_dict(baseline)  # a file written before keep_baseline: its config may be slower
         return TrialConfig.from_dict(doc["config"])
     json_path = study_dir(str(study_or_path), Path(studies_dir)) / "best_config.json"
     if storage is None and json_path.is_file():

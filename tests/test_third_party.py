@@ -259,3 +259,11 @@ def test_the_word_language_model_example_tunes_with_its_own_options(tmp_path: Pa
     doc = json.loads((tmp_path / "studies" / "wlm" / "best_config.json").read_text())
     assert doc["baseline"]["config"]["batch_size"] == 20 and doc["batch_policy"]["global_batch"] == 20
     assert 0 < study.user_attrs["reference_metric"] < 6  # nats: below ln(200), what guessing gives
+
+
+def test_an_older_best_config_json_that_found_nothing_faster_loads_the_baseline(tmp_path: Path) -> None:
+    # Written before keep_baseline existed: its config is the slower pick, its faster is false.
+    path = tmp_path / "best_config.json"
+    path.write_text(json.dumps({"study": "old", "config": TrialConfig(num_workers=2).to_dict(), "faster": False,
+                                "baseline": {"config": TrialConfig(batch_size=16).to_dict()}}))
+    assert autotune.load_best(path) == TrialConfig(batch_size=16)
