@@ -271,6 +271,8 @@ def test_the_adapters_tune_prints_the_clis_summary_and_keeps_a_baseline_nothing_
         said = SAID[f"{workload.WORKLOAD}:train"]
         assert "Verdict: " in said and "Where the minutes went: " in said and "Best config written to " in said
         assert ("Paste into " in said) == result.faster  # nothing slower, nor inside the noise, to paste
+    # tune(args=ARGS) states the arguments' baseline: the summary finds no other one to warn of.
+    assert "the baseline is not what your script's arguments train with" not in SAID[f"{hf[2].WORKLOAD}:train"]
     study, result, workload = hf
     arguments = tuned_transformers.training_arguments(result.best_config, workload.ARGS, cuda=False)
     if not result.faster:  # the baseline kept: the arguments are the script's own

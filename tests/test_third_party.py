@@ -267,3 +267,16 @@ def test_an_older_best_config_json_that_found_nothing_faster_loads_the_baseline(
     path.write_text(json.dumps({"study": "old", "config": TrialConfig(num_workers=2).to_dict(), "faster": False,
                                 "baseline": {"config": TrialConfig(batch_size=16).to_dict()}}))
     assert autotune.load_best(path) == TrialConfig(batch_size=16)
+
+
+def test_the_summary_says_when_the_baseline_is_not_the_scripts_trainer_arguments() -> None:
+    # The HF adapter's trials record what the script's TrainingArguments train with; from the shell the study's
+    # baseline is the space's, and the two routes then compare against different baselines.
+    from autotune.integrations._summary import _other_baseline
+
+    baseline = TrialConfig(batch_size=16)
+    doc = {"measurement": {"extra:script_baseline": {"precision": "fp32", "batch_size": 16, "optimizer_impl": "fused",
+                                                     "num_workers": 0}}}
+    assert _other_baseline(doc, baseline) == "optimizer_impl=fused"
+    assert _other_baseline(doc, baseline.replace(optimizer_impl="fused")) == ""
+    assert _other_baseline({"measurement": {}}, baseline) == ""

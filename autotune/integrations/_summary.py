@@ -36,6 +36,16 @@ def run_and_summarize(tuner: Any, *, summary: bool = True) -> Result:
     return result
 
 
+def _other_baseline(doc: dict[str, Any], baseline: Any) -> str:
+    """The knobs, as ``knob=value,...``, where the script's own trainer arguments (recorded by the trial as
+    ``script_baseline``) differ from the study's baseline; "" when they agree or were not recorded."""
+    stated = (doc.get("measurement") or {}).get("extra:script_baseline") or {}
+    differ = {k: v for k, v in stated.items() if hasattr(baseline, k) and k != "batch_size" and getattr(baseline, k) != v}
+    if stated.get("batch_size") and stated["batch_size"] != baseline.global_batch_size:
+        differ = {"batch_size": stated["batch_size"], **differ}
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in differ.items())
+
+
 def _plural(count: Any, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
@@ -113,6 +123,11 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         _say_accuracy(say, result)
         if result.faster:  # otherwise the advice is to keep the baseline
             _say_paste(say, result)
+    other = _other_baseline(_document(result), result.baseline)
+    if other:
+        say(f"[yellow]Warning: the baseline is not what your script's arguments train with ({escape(other)}): the "
+            f"speed-up is against another config; rerun with --baseline {escape(other)} (the adapter's "
+            "tune(args=...) states it for you).[/yellow]")
     if result.colocation_warning:
         say(f"[yellow]Warning: {escape(result.colocation_warning)}.[/yellow]")
     if result.best_per_device:

@@ -253,6 +253,8 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
             raise KnobError(f"the Trainer would train on {trainer.args.n_gpu} GPUs (DataParallel); a trial measures "
                             "one device: make one visible (CUDA_VISIBLE_DEVICES)")
         ctx.record("training_arguments", overrides)
+        if args is not None:  # what the script's own arguments train with: the summary compares the study's baseline
+            ctx.record("script_baseline", baseline(args, cuda=ctx.device.type == "cuda"))
         saw = _Saw()
         trainer.add_callback(_callback(transformers, meter, saw))
         trainer.training_step = _metered_step(trainer.training_step, meter, saw)
