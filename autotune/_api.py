@@ -16,9 +16,19 @@ from autotune._records import summarize_study
 from autotune.study._tuner import Tuner
 
 
-def run(train_fn: Union[Callable[..., Any], str], **options: Any) -> Result:
-    """Tune ``train_fn(ctx)`` and return the best feasible config. Options are ``Tuner``'s."""
-    return Tuner(train_fn, **options).run()
+def run(train_fn: Union[Callable[..., Any], str], *, summary: bool = True, **options: Any) -> Result:
+    """Tune ``train_fn(ctx)`` and return what the study found (``Result.best_config``: the config to train with).
+
+    Args:
+        train_fn: A module-level ``train(ctx)``, or its ``path.py:func`` / ``module:func``.
+        summary: Print the summary ``autotune tune`` prints at the end (the verdict, the accuracy check, where
+            the minutes went); ``False``: print nothing.
+        **options: ``Tuner``'s (``n_trials``, ``study_name``, ...), or the CLI's names where they differ
+            (``trials``, ``study``, ``budget``, ``memory_limit``, ``nproc_per_trial``).
+    """
+    from autotune.integrations._summary import run_and_summarize
+
+    return run_and_summarize(Tuner(train_fn, **options), summary=summary)
 
 
 def load_study_result(study_name: str, *, storage: Optional[str] = None,
@@ -38,7 +48,8 @@ def load_study_result(study_name: str, *, storage: Optional[str] = None,
 
 def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
               studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> TrialConfig:
-    """The best config of a study, from its ``best_config.json`` or from the storage.
+    """The config to train with, from a study's ``best_config.json`` or from the storage: its pick when that
+    is faster than the baseline, else the baseline itself (``Result.best_config``).
 
     Args:
         study_or_path: A path to ``best_config.json``, or a study name.
@@ -56,6 +67,9 @@ def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
             raise StudyError(f"{path}: not a best_config.json ({exc})") from None
         if not doc.get("config"):
             raise StudyError(f"{path}: the study found no feasible config")
+        baseline = (doc.get("baseline") or {}).get("config")
+        if doc.get("faster") is False and "keep_baseline" not in doc and baseline:
+            return TrialConfig.from_dict(baseline)  # a file written before keep_baseline: its config may be slower
         return TrialConfig.from_dict(doc["config"])
     json_path = study_dir(str(study_or_path), Path(studies_dir)) / "best_config.json"
     if storage is None and json_path.is_file():

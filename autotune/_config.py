@@ -550,7 +550,16 @@ class Result:
 
     @property
     def best_config(self) -> Optional[TrialConfig]:
-        return self.best.config if self.best else None
+        """The config to train with: the pick when it is ``faster``, else the baseline (keep it; a config
+        measured slower, or inside the spread, is never recommended); None when nothing feasible was found."""
+        if self.best is None:
+            return None
+        return self.best.config if self.faster else self.baseline
+
+    @property
+    def keep_baseline(self) -> bool:
+        """Something feasible was measured, and nothing beat the baseline: train as the script does."""
+        return self.best is not None and not self.faster
 
     @property
     def speedup(self) -> float:
@@ -570,12 +579,12 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        """``"1.42x faster than the baseline"`` (a range on a noisy machine), or ``NO_FASTER_CONFIG``."""
+        """``"1.42x faster than the baseline"`` (``"1.2x to 1.6x faster ..."`` on a noisy machine), or
+        ``NO_FASTER_CONFIG``."""
         if not self.faster:
             return NO_FASTER_CONFIG
-        if self.noisy:
-            return (f"{self.speedup_low:.2f}x to {self.speedup_high:.2f}x faster than the baseline (a noisy "
-                    "machine: a range, not a point)")
+        if self.noisy:  # a range, not a point: ``spread_text`` says why (the machine was noisy)
+            return f"{self.speedup_low:.2f}x to {self.speedup_high:.2f}x faster than the baseline"
         return f"{self.speedup:.2f}x faster than the baseline"
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -129,8 +130,21 @@ def local_modules(target: str) -> dict[str, str]:
     return {str(m.relative_to(root)): digest for m, digest in sorted(seen.items())}
 
 
+# The script's own arguments (a JSON list) in a trial or probe process: ``load_target`` makes them its
+# ``sys.argv[1:]`` before the import, so a script that parses them (argparse, at import or in train) gets them.
+SCRIPT_ARGV_ENV = "AUTOTUNE_SCRIPT_ARGV"
+
+
+def script_argv_env(script_args: Any) -> dict[str, str]:
+    """The variable that gives a trial process ``script_args`` as its ``sys.argv[1:]``."""
+    return {SCRIPT_ARGV_ENV: json.dumps([str(a) for a in script_args])}
+
+
 def load_target(target: str) -> Callable[..., Any]:
     """Import ``path/to/file.py:func`` or ``package.module:func``.
+
+    In a trial or probe process (``SCRIPT_ARGV_ENV`` set), ``sys.argv`` becomes the script's path (or module)
+    followed by the arguments the study was given for it (``autotune tune main.py:train -- --emsize 64``).
 
     Raises:
         WorkloadError: the file, module or function is missing.
@@ -138,6 +152,12 @@ def load_target(target: str) -> Callable[..., Any]:
     module_part, sep, func_name = target.rpartition(":")
     if not sep or not module_part or not func_name:
         raise WorkloadError(f"{target}: expected PATH.py:FUNCTION or MODULE:FUNCTION")
+    if SCRIPT_ARGV_ENV in os.environ:
+        try:
+            args = [str(a) for a in json.loads(os.environ[SCRIPT_ARGV_ENV])]
+        except (ValueError, TypeError):
+            raise WorkloadError(f"{SCRIPT_ARGV_ENV}: not a JSON list of arguments") from None
+        sys.argv = [module_part, *args]
     if module_part.endswith(".py") or os.sep in module_part:
         path = Path(module_part)
         if not path.is_file():

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from autotune._config import NO_FASTER_CONFIG
 from autotune._errors import AutotuneError, printable
+from autotune.integrations._summary import PASTE_EXTRAS, _paste, print_summary  # noqa: F401 (re-exported)
 
 DEMO_TARGET = "autotune.demo:train"
 
@@ -148,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     tune = sub.add_parser("tune", help="tune a training function")
-    tune.add_argument("target", metavar="PATH_OR_MODULE:FUNC", help="e.g. examples/cifar_cnn.py:train")
+    tune.add_argument("target", metavar="PATH_OR_MODULE:FUNC",
+                      help="e.g. examples/cifar_cnn.py:train; the script's own arguments go last, after --: "
+                           "autotune tune main.py:train --trials 8 -- --emsize 64 (each trial's sys.argv[1:])")
     _add_study_options(tune, trials=20)
     tune.add_argument("--create-only", action="store_true",
                       help="create the study (and run the fp32 reference) for `autotune worker`s to join")
@@ -259,7 +261,10 @@ _TUNER_OPTIONS = {
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
     "baseline": "baseline", "nproc_per_trial": "processes_per_trial", "mps": "mps", "batch_size": "batch_size",
     "fresh_references": "fresh_references",
+    "script_args": "script_args",
 }
+# The commands that run the script, and so take its own arguments after "--".
+_SCRIPT_COMMANDS = ("tune", "worker")
 
 
 def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None) -> Any:
@@ -379,6 +384,8 @@ def _run_workers(args: argparse.Namespace, target: str, study: str, storage: str
         command += ["--no-plots"]
     if args.compile_timeout:
         command += ["--compile-timeout", str(args.compile_timeout)]
+    if args.script_args:
+        command += ["--", *args.script_args]  # each worker's trials get the script's own arguments too
     from autotune.study._signals import PARENT_ENV, Interrupted, track_child
 
     # Their own session: a Ctrl-C in the terminal reaches this process only, which passes it on once.
@@ -431,138 +438,6 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _document(result: Any) -> dict[str, Any]:
-    """The best_config.json the study wrote ({} when it cannot be read)."""
-    try:
-        return json.loads(Path(result.best_config_path).read_text()) if result.best_config_path else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _confirmation(result: Any) -> dict[str, Any]:
-    return _document(result).get("confirmed") or {}
-
-
-def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_k: int = 3) -> None:
-    from rich.table import Table
-
-    from autotune.study._progress import make_console
-
-    console = make_console()
-
-    def say(text: str) -> None:
-        console.print(text, highlight=False, soft_wrap=True)  # one line each, so it can be searched
-
-    from rich.markup import escape  # paths, URLs and names are the user's text, not markup ("out[/red]")
-
-    table = Table(title=f"autotune: study {escape(printable(result.study_name))}", show_header=True)
-    table.add_column("")
-    table.add_column("config")
-    table.add_column("samples/s", justify="right")
-    table.add_column("accuracy loss", justify="right")
-    alternated = result.speedup_basis == "alternation"
-    table.add_row("baseline", result.baseline.describe(), f"{result.baseline_throughput:,.1f}", "0 (reference)")
-    if result.best is not None:
-        table.add_row("best", result.best.config.describe(), f"{result.best.throughput:,.1f}",
-                      f"{result.best.accuracy_loss:+.4f}")
-    table.caption = ("samples/s: medians of the race of the finalists, the baseline raced with them"
-                     if alternated else "samples/s: single runs" + (" (--top-k 0)" if top_k < 1 else ""))
-    console.print(table)
-    if result.best is None:
-        console.print("No feasible config was found; see the trials' failures in the dashboard.")
-    else:
-        changed = [
-            f"{k}: {getattr(result.baseline, k)} -> {v}"
-            for k, v in result.best.config.to_dict().items()
-            if getattr(result.baseline, k) != v
-        ]
-        if result.faster:
-            say(f"Verdict: [bold]{result.verdict}[/bold] ({result.spread_text}).")
-            say("Why it wins: it changes " + "; ".join(changed) + ".")
-        else:
-            say(f"Verdict: [bold]{NO_FASTER_CONFIG}[/bold]: {result.why_not_faster}; keep the baseline.")
-        confirmed = _confirmation(result)
-        if confirmed.get("confirmed"):
-            dropped = confirmed.get("dropped") or {}
-            # A finalist that failed in the race says how; one that was slower is named only.
-            named = [f"#{k}" + (f" ({escape(printable(why))})" if str(why).startswith("failed") else "")
-                     for k, why in dropped.items()]
-            say(f"Confirmed by a race: {confirmed.get('runs')} runs in {confirmed.get('rounds')} rounds, "
-                f"{confirmed.get('seconds') or 0:.0f} s; ended: {confirmed.get('ended')}"
-                + (f"; dropped {', '.join(named)}" if dropped else "") + ".")
-        elif not result.is_baseline and top_k >= 1:
-            # With --top-k 0 the user chose single runs: the caption says so, and no advice is due.
-            say(f"Not confirmed: {confirmed.get('why')}; these numbers are single runs.")
-        if result.baseline_source:
-            say(f"Baseline {result.baseline.describe()}: from {result.baseline_source}.")
-        say(f"Reference metric {result.reference_metric}, noise band {result.metric_noise:.4f}.")
-        if result.best.config.processes_per_gpu > 1 or result.best.config.mps:
-            say(f"Packing: {result.best.config.packing}; the samples/s are every process's together.")
-        if result.best.config.loader != result.baseline.loader:
-            say(f"Input pipeline: {escape(result.best.config.input_pipeline)}.")
-        if result.best.config.precision == "fp8":
-            say(f"Float8: {escape(result.best.config.float8_training)}.")
-        if result.best.config.allocator != "default":
-            say(f"Allocator: {escape(result.best.config.memory_allocator)}.")
-        _say_accuracy(say, result)
-        say(f"Energy: {(_document(result).get('energy') or {}).get('what', 'not measured')}.")
-        if (_document(result).get("real_run") or {}).get("what"):
-            say(f"The real run: {_document(result)['real_run']['what']}.")
-        if result.faster:  # otherwise the advice is to keep the baseline
-            _say_paste(say, result)
-    if result.colocation_warning:
-        say(f"[yellow]Warning: {escape(result.colocation_warning)}.[/yellow]")
-    if result.best_per_device:
-        console.print("[yellow]Trials ran on different device models; the best of each:[/yellow]")
-        for device, record in sorted(result.best_per_device.items()):
-            console.print(f"  {device}: {record.throughput:,.1f}/s  {record.config.describe()} (trial #{record.number})")
-    if result.removed_knobs:
-        console.print("Removed before the search (capability probe, compile break-even, what the reference run "
-                      "showed of the model): " + "; ".join(f"{k} ({v})" for k, v in result.removed_knobs.items()),
-                      markup=False, highlight=False, soft_wrap=True)
-    split = _document(result).get("time_split")
-    if split:
-        from autotune.insight._report import format_split, plan_lines
-
-        say(f"Where the minutes went: {format_split(split)}.")
-        for line in plan_lines(split):
-            say(line)
-    console.print(f"Best config written to {escape(str(result.best_config_path))}")
-    from autotune.study._storage import default_storage_url, mask_url
-
-    url = mask_url(storage or default_storage_url(Path(studies_dir)))
-    # optuna-dashboard takes a journal file by its path (it guesses the storage from the file).
-    direct = url[len("journal:"):] if url.startswith("journal:") else url
-    console.print(f"Review it: autotune dashboard --storage {escape(url)}   (plain optuna-dashboard {escape(direct)} "
-                  "does not read the accuracy bound: it calls the Pareto front of all trials, infeasible ones "
-                  "included, best)", soft_wrap=True)
-
-
-def _say_accuracy(say: Any, result: Any) -> None:
-    """The batch policy and the accuracy verdict of the best, as best_config.json records them."""
-    try:
-        doc = json.loads(Path(result.best_config_path).read_text()) if result.best_config_path else {}
-    except (OSError, ValueError):
-        return
-    policy = doc.get("batch_policy") or {}
-    if policy:
-        text = (f"Batch policy {policy.get('policy')}: global batch {policy.get('global_batch')} = micro-batch "
-                f"{policy.get('micro_batch')} x {policy.get('accumulation_steps')} accumulated")
-        if policy.get("policy") == "scale" and policy.get("global_batch") != result.baseline.global_batch_size:
-            text += (f"; it changes the optimisation (the baseline's global batch is "
-                     f"{result.baseline.global_batch_size}): a short trial cannot verify warm-up or the schedule")
-        say(text + ".")
-    if doc.get("accuracy_verdict"):
-        say(f"Accuracy verdict: {doc['accuracy_verdict']}: {doc.get('accuracy_evidence', '')}.")
-    check = doc.get("accuracy_check") or {}
-    if check.get("blind"):
-        say("[yellow]The accuracy check is blind here, so its verdict is not a pass: "
-            + "; ".join(check.get("reasons") or []) + ".[/yellow]")
-    elif check.get("reasons"):
-        say("[yellow]Part of the accuracy check is blind, so the verdict rests on the other part: "
-            + "; ".join(check["reasons"]) + ".[/yellow]")
-
-
 def _best(args: argparse.Namespace) -> int:
     from autotune._api import load_study_result
     from autotune._records import study_dir
@@ -594,10 +469,16 @@ def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
                 f"`autotune report {study}`."]
     base = (doc.get("baseline") or {}).get("config") or {}
     changed = [f"{k}: {base.get(k)} -> {v}" for k, v in doc["config"].items() if base.get(k) != v]
-    speedup = doc.get("speedup")
-    lines = [f"Study {study}, trial #{doc['trial']}: {doc.get('verdict')}"
-             + (f" ({speedup:.2f}x the baseline)" if isinstance(speedup, (int, float)) else ""),
-             "Changes: " + ("; ".join(changed) if changed else "none (the baseline is the best)")]
+    if doc.get("keep_baseline"):
+        # Nothing beat the baseline: the document's config is the baseline, and no slower one is offered.
+        other = doc.get("not_recommended") or {}
+        measured = (f"; the fastest other, trial #{other.get('trial')}, is not recommended: {other.get('why')}"
+                    if other else "; the pick is the baseline itself")
+        lines = [f"Study {study}: {doc.get('verdict')}: keep the baseline{measured}",
+                 "Changes: none (keep the baseline: train as your script does)"]
+    else:
+        lines = [f"Study {study}, trial #{doc['trial']}: {doc.get('verdict')}",
+                 "Changes: " + ("; ".join(changed) if changed else "none (the baseline is the best)")]
     policy = doc.get("batch_policy") or {}
     if policy:
         lines.append(f"Batch: global {policy.get('global_batch')} = micro-batch {policy.get('micro_batch')} x "
@@ -621,44 +502,18 @@ def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
     confirmed = doc.get("confirmed") or {}
     if not confirmed.get("confirmed"):
         lines.append(f"Not confirmed: {confirmed.get('why')}")
-    lines.append("Apply it: ctx = autotune.TrialContext(config=autotune.load_best(" + repr(str(path)) + ")) and "
-                 "train as in the study (ctx.model, ctx.optimizer, ctx.loader, ctx.train_step)")
+    if doc.get("keep_baseline"):
+        lines.append("Apply it: nothing to change; autotune.load_best(" + repr(str(path)) + ") gives the baseline "
+                     "back, and the adapters' arguments from it are your own")
+    else:
+        lines.append("Apply it: ctx = autotune.TrialContext(config=autotune.load_best(" + repr(str(path)) + ")) and "
+                     "train as in the study (ctx.model, ctx.optimizer, ctx.loader, ctx.train_step)")
     if doc.get("paste"):
         kind, arguments = next(iter(doc["paste"].items()))
         lines.append(f"Or paste into {kind}: " + ", ".join(f"{k}={v!r}" for k, v in arguments.items()))
     lines.append(f"Written {doc.get('written') or 'never (no best_config.json yet)'}; the whole document: "
                  f"autotune best {study} --format json")
     return lines
-
-
-# The trainer adapters record the arguments each trial ran with (autotune.integrations): what to paste.
-PASTE_EXTRAS = {"extra:training_arguments": "TrainingArguments", "extra:lightning_arguments": "Lightning"}
-
-
-def _paste(doc: dict[str, Any]) -> Optional[tuple[str, Any]]:
-    """The best trial's trainer arguments, as its adapter recorded them: (kind, arguments), or None."""
-    measurement = doc.get("measurement") or {}
-    return next(((kind, measurement[key]) for key, kind in PASTE_EXTRAS.items() if measurement.get(key)), None)
-
-
-def _say_paste(say: Any, result: Any) -> None:
-    try:
-        doc = json.loads(Path(result.best_config_path).read_text()) if result.best_config_path else {}
-    except (OSError, ValueError):
-        return
-    paste = _paste(doc)
-    if paste is None:
-        return
-    from rich.markup import escape  # the arguments are Python text, not markup
-
-    kind, arguments = paste
-    if kind == "TrainingArguments":
-        say("Paste into TrainingArguments(...): " + escape(", ".join(f"{k}={v!r}" for k, v in arguments.items())))
-    else:
-        from autotune.integrations.lightning import LightningArguments
-
-        lines = LightningArguments(**arguments).code().splitlines()
-        say("Paste into the Lightning script: " + escape("; ".join(lines)))
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -878,8 +733,24 @@ def _resolve_storage(args: argparse.Namespace) -> None:
         scrub_initial_environ(STORAGE_ENV)  # /proc/PID/environ shows the block this process started with
 
 
+def _split_script_args(argv: Sequence[str]) -> tuple[list[str], Optional[list[str]]]:
+    """autotune's own arguments, and the script's after the first ``--`` (None without one)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    own, script_args = _split_script_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    if script_args is not None and args.command not in _SCRIPT_COMMANDS:
+        parser.error(f"arguments after -- are the script's, which only {' and '.join(_SCRIPT_COMMANDS)} run")
+    # A trial process is started with its coordinator's sys.argv, which here is autotune's own: the script gets
+    # the arguments after -- instead, or none.
+    args.script_args = (script_args or []) if args.command in _SCRIPT_COMMANDS else None
     import optuna
 
     from autotune.study import _signals

@@ -69,9 +69,9 @@ def test_spaces_with_an_invalid_file_exits_1_with_one_line(tmp_path: Path) -> No
     good = tmp_path / "good.yaml"
     good.write_text(TINY_SPACE)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("knobs:\n  batch_size: [32, 100]\n")
+    bad.write_text("knobs:\n  batch_size: [32, -100]\n")
     proc = cli("spaces", good, bad, cwd=tmp_path)
-    line = assert_one_line_error(proc, str(bad), "knobs.batch_size", "100")
+    line = assert_one_line_error(proc, str(bad), "knobs.batch_size", "-100")
     assert line.startswith("invalid")
     assert f"ok       {good}" in proc.stdout
 
@@ -165,7 +165,10 @@ def test_demo_completes_and_writes_best_config(tmp_path: Path) -> None:
     assert policy["policy"] == "fixed" and policy["global_batch"] == 128
     assert policy["micro_batch"] * policy["accumulation_steps"] == 128
     assert f"Batch policy fixed: global batch 128 = micro-batch {policy['micro_batch']}" in proc.stdout
-    assert doc["accuracy_verdict"] in ("equivalent", "unchecked") and f"Accuracy verdict: {doc['accuracy_verdict']}" in proc.stdout
+    assert doc["accuracy_verdict"] in ("equivalent", "unchecked")
+    # The pick's verdict is said when it is the config to train with; a config not recommended gets none.
+    said = f"Accuracy verdict: {doc['accuracy_verdict']}" in proc.stdout
+    assert said == (doc["not_recommended"] is None), proc.stdout
     assert ("The accuracy check is blind here" in proc.stdout) == bool(doc["accuracy_check"]["blind"])
     partly = bool(doc["accuracy_check"]["reasons"]) and not doc["accuracy_check"]["blind"]
     assert ("Part of the accuracy check is blind" in proc.stdout) == partly
@@ -219,7 +222,8 @@ def test_a_resumed_run_does_not_charge_the_trial_server_start_to_its_first_trial
 
 
 @pytest.mark.parametrize("text, names", [
-    ("knobs:\n  batch_size: [16, 48, 64]\n", ["knobs.batch_size", "48", "does not divide the global batch 64"]),
+    ("knobs:\n  batch_size: [16, 48, 64]\nbaseline: {batch_size: 64}\n",
+     ["knobs.batch_size", "48", "does not divide the global batch 64"]),
     ("knobs:\n  batch_size: [32, 64]\nbatch_policy: sideways\n", ["batch_policy", "sideways"]),
     ("knobs:\n  batch_size: [32, 64]\nbatch_policy: scale\nglobal_batch: 128\n", ["global_batch", "batch_policy fixed"]),
     ("knobs:\n  batch_size: [32]\nbaseline: {batch_size: 48}\nglobal_batch: 64\n", ["baseline.batch_size", "48"]),

@@ -244,6 +244,23 @@ def test_a_mismatched_torchvision_stops_the_probe_in_one_line() -> None:
     assert "built for torch 2.11" in message and "pip install 'torchvision==0." in message
 
 
+def test_a_torchvision_whose_operators_do_not_load_stops_the_probe_with_the_fix(tmp_path: Path) -> None:
+    # A torchvision of the matching version but another build (a CUDA one beside a CPU torch) imports with a
+    # warning, and transformers then fails with "operator torchvision::nms does not exist". A library that
+    # does not load stands in for it, first on the path.
+    from autotune._errors import InstallError
+
+    (tmp_path / "torchvision").mkdir()
+    (tmp_path / "torchvision" / "__init__.py").write_text("")
+    (tmp_path / "torchvision" / "_C.so").write_text("not a shared library")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    with pytest.raises(InstallError) as info:
+        probe(env=env)
+    message = str(info.value)
+    assert "\n" not in message and "compiled operators do not load with torch" in message
+    assert "operator torchvision::nms does not exist" in message and "pip install --force-reinstall 'torch==" in message
+
+
 def test_the_cli_stops_on_a_mismatched_pair_in_one_line(tmp_path: Path) -> None:
     from autotune.hardware._machine import VERSIONS_ENV
 

@@ -9,6 +9,8 @@ a timed window.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -79,8 +81,13 @@ def _study(tmp: Path, tune, target: str, space_text: str, trials: list[dict], **
         study = optuna.load_study(study_name="adapter", storage=url)
         for params in trials:
             study.enqueue_trial(params)
-        result = tune(target, n_trials=1 + len(trials), **options)
+        with contextlib.redirect_stdout(io.StringIO()) as said:  # the adapter's tune prints the CLI's summary
+            result = tune(target, n_trials=1 + len(trials), **options)
+    SAID[target] = said.getvalue()
     return optuna.load_study(study_name="adapter", storage=url), result
+
+
+SAID: dict[str, str] = {}  # what each adapter's tune printed, by target
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -244,10 +251,11 @@ def test_autotune_best_prints_the_arguments_to_paste(hf, lightning, capsys: pyte
         assert main(["best", "adapter", "--studies-dir", str(studies), "--format", "json",
                      "--storage", f"sqlite:///{studies.parent}/studies.db"]) == 0
         doc = json.loads(capsys.readouterr().out)
-        assert doc["paste"] == {kind: study.trials[doc["trial"]].user_attrs[extra]}
+        # What to paste is the pick's arguments; when nothing beat the baseline, nothing is (keep it).
+        assert doc.get("paste") == (None if doc["keep_baseline"] else {kind: study.trials[doc["trial"]].user_attrs[extra]})
         assert main(["best", "adapter", "--studies-dir", str(studies),
                      "--storage", f"sqlite:///{studies.parent}/studies.db"]) == 0
-        assert f"Or paste into {kind}: " in capsys.readouterr().out  # the default text says it too
+        assert (f"Or paste into {kind}: " in capsys.readouterr().out) == result.faster  # the default text too
         # and `autotune tune`'s summary says it after the verdict, when the verdict is to change the config
         print_summary(result, storage=f"sqlite:///{studies.parent}/studies.db", studies_dir=str(studies), top_k=0)
         out = capsys.readouterr().out
@@ -255,7 +263,26 @@ def test_autotune_best_prints_the_arguments_to_paste(hf, lightning, capsys: pyte
                 "Lightning": "Paste into the Lightning script: "}[kind]
         assert (said in out) == result.faster, out
         if result.faster:
-            assert ("per_device_train_batch_size=" if kind == "TrainingArguments" else "; Trainer(precision=") in out
+            # best_config.json sorts its keys: the Trainer line reads Trainer(accumulate_grad_batches=..., precision=...)
+            assert ("per_device_train_batch_size=" if kind == "TrainingArguments" else "; Trainer(") in out
+            assert kind == "TrainingArguments" or "precision=" in out.split("; Trainer(", 1)[1]
+
+
+def test_the_adapters_tune_prints_the_clis_summary_and_keeps_a_baseline_nothing_beat(hf, lightning) -> None:
+    for (study, result, workload) in (hf, lightning):
+        said = SAID[f"{workload.WORKLOAD}:train"]
+        assert "Verdict: " in said and "Where the minutes went: " in said and "Best config written to " in said
+        assert ("Paste into " in said) == result.faster  # nothing slower, nor inside the noise, to paste
+    # tune(args=ARGS) states the arguments' baseline: the summary finds no other one to warn of.
+    assert "the baseline is not what your script's arguments train with" not in SAID[f"{hf[2].WORKLOAD}:train"]
+    study, result, workload = hf
+    arguments = tuned_transformers.training_arguments(result.best_config, workload.ARGS, cuda=False)
+    if not result.faster:  # the baseline kept: the arguments are the script's own
+        assert result.best_config == result.baseline
+        assert arguments["per_device_train_batch_size"] == workload.ARGS.per_device_train_batch_size
+        assert arguments["dataloader_num_workers"] == workload.ARGS.dataloader_num_workers
+    with pytest.raises(TypeError, match="did you mean 'study_name'"):
+        tuned_transformers.tune(f"{workload.WORKLOAD}:train", args=workload.ARGS, study_nme="x")
 
 
 def test_the_pasteable_arguments_of_a_config() -> None:

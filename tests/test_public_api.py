@@ -61,6 +61,7 @@ BEST_CONFIG_KEYS = {
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
     "float8", "allocator", "compile", "time_to_first_faster", "evidence_length", "energy", "real_run",
+    "keep_baseline", "not_recommended",
 }
 
 

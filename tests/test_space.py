@@ -19,6 +19,7 @@ from autotune.search._space import (
     describe_changes,
     format_baseline,
     parse_baseline,
+    parse_space,
     restrict_to,
     restrict_to_model,
 )
@@ -43,7 +44,7 @@ INVALID = [
     ("unknown-knob", "knobs:\n  batch_sise: [32]\n", ["knobs.batch_sise", "unknown knob"]),
     ("empty-choices", "knobs:\n  batch_size: []\n", ["knobs.batch_size", "empty choices"]),
     ("empty-choices-mapping", "knobs:\n  num_workers: {choices: []}\n", ["knobs.num_workers", "empty choices"]),
-    ("batch-not-multiple-of-8", "knobs:\n  batch_size: [32, 100]\n", ["knobs.batch_size", "100", "multiple of 8"]),
+    ("batch-not-positive", "knobs:\n  batch_size: [32, 0]\n", ["knobs.batch_size", "0", "not a positive integer"]),
     ("batch-range-step", "knobs:\n  batch_size: {low: 32, high: 128, step: 12}\n", ["knobs.batch_size.step", "12"]),
     ("batch-range-low", "knobs:\n  batch_size: {low: 20, high: 128}\n", ["knobs.batch_size.low", "20"]),
     ("low-above-high", "knobs:\n  num_workers: {low: 4, high: 1}\n", ["knobs.num_workers", "low 4 > high 1"]),
@@ -60,7 +61,7 @@ INVALID = [
     ("bool-knob-not-bool", "knobs:\n  channels_last: [yes-please]\n", ["knobs.channels_last"]),
     ("range-on-categorical", "knobs:\n  precision: {low: 1, high: 2}\n", ["knobs.precision", "range"]),
     ("baseline-unknown-knob", "knobs:\n  batch_size: [32]\nbaseline: {batch: 32}\n", ["baseline.batch"]),
-    ("baseline-bad-batch", "knobs:\n  batch_size: [32]\nbaseline: {batch_size: 30}\n", ["baseline.batch_size"]),
+    ("baseline-bad-batch", "knobs:\n  batch_size: [32]\nbaseline: {batch_size: 0}\n", ["baseline.batch_size"]),
     ("no-knobs", "description: nothing to tune\n", ["'knobs'"]),
 ]
 
@@ -309,7 +310,7 @@ def test_a_stated_baseline_under_scale_keeps_every_batch() -> None:
 
 @pytest.mark.parametrize("text, names", [
     ("batch_sise=32", ["batch_sise", "unknown knob"]),
-    ("batch_size=30", ["batch_size", "30", "multiple of 8"]),
+    ("batch_size=-3", ["batch_size", "-3", "not a positive integer"]),
     ("precision=int8", ["precision", "int8"]),
     ("channels_last=maybe", ["channels_last", "maybe"]),
     ("batch_size", ["'batch_size'", "knob=value"]),
@@ -325,9 +326,19 @@ def test_a_bad_stated_baseline_is_one_line(text: str, names: list[str]) -> None:
         assert name in message
 
 
-def test_a_stated_baseline_the_fixed_policy_cannot_take_is_refused() -> None:
-    with pytest.raises(SpaceError, match="does not divide the global batch 24"):
-        load_space("cpu_default").with_baseline({"batch_size": 24})  # 16 is a micro-batch of the space
+def test_a_stated_baseline_batch_leaves_out_the_micro_batches_that_do_not_divide_it() -> None:
+    # The script's batch (24; the word-language-model example's 20) is the baseline on any device: the
+    # space's micro-batches that do not divide it are left out, each with its reason, not the batch refused.
+    space = load_space("cpu_default").with_baseline({"batch_size": 24})
+    assert space.baseline.global_batch_size == 24 and space.knobs.get("batch_size") is None
+    assert "does not divide the global batch 24" in space.removed["batch_size=16"]
+    assert "above the global batch 24" in space.removed["batch_size=32,64,128,256"]
+    # A space that says its own batch and lists a micro-batch that does not divide it contradicts itself.
+    with pytest.raises(SpaceError, match="does not divide the global batch 64"):
+        parse_space({"knobs": {"batch_size": [16, 48]}, "baseline": {"batch_size": 64}})
+    # One that does not say it leaves the batch to the script: [10, 20] waits for --batch-size 20.
+    waiting = parse_space({"knobs": {"batch_size": [10, 20]}})
+    assert waiting.with_baseline({"batch_size": 20}).knobs["batch_size"].values == (10, 20)
 
 
 def test_format_baseline_reads_back() -> None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from autotune._errors import AutotuneError, InstallError
@@ -166,6 +167,45 @@ def install_mismatch(versions: Optional[dict[str, str]] = None) -> str:
         return (f"torch {versions['torch']} and {name} {versions[name]} are not a matching pair ({name} "
                 f"{major}.{theirs[1]} is built for torch 2.{torch_minor(theirs[1])}); install the {name} of this "
                 f"torch: pip install '{name}=={major}.{wanted}.*' (or reinstall torch and {name} together)")
+    return ""
+
+
+def torchvision_ops_failure() -> str:
+    """Why torchvision's compiled operators do not load beside this torch, in one line with the fix; "" when
+    they load or torchvision is not installed.
+
+    A matching version pair can still be two builds (a CUDA torchvision beside a CPU torch, as a fallback
+    package index installs them): torchvision then imports with a warning, and a library that uses its
+    operators (transformers does) fails later with ``operator torchvision::nms does not exist``.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    libraries = sorted(p for suffix in importlib.machinery.EXTENSION_SUFFIXES for p in folder.glob(f"_C*{suffix}"))
+    if not libraries:
+        return ""
+    import torch
+
+    try:
+        torch.ops.load_library(str(libraries[0]))
+    except Exception as exc:  # OSError (an undefined symbol, a missing CUDA library), RuntimeError
+        versions = installed_versions(["torch", "torchvision"])
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        index = "cpu" if torch.version.cuda is None else "cu" + str(torch.version.cuda).replace(".", "")
+        return (f"torchvision {versions.get('torchvision', '?')}'s compiled operators do not load with torch "
+                f"{versions.get('torch', torch.__version__)} ({why}): they are builds for different devices or "
+                "releases (a CUDA torchvision beside a CPU torch, as a fallback package index installs them), and "
+                "libraries that use torchvision (transformers) fail with 'operator torchvision::nms does not "
+                "exist'; reinstall both from one index: pip install --force-reinstall 'torch==" +
+                versions.get("torch", torch.__version__).split("+")[0] + "' 'torchvision==" +
+                versions.get("torchvision", "?").split("+")[0] + f"' --index-url https://download.pytorch.org/whl/{index}")
     return ""
 
 
@@ -430,7 +470,7 @@ def capabilities_from_answer(answer: dict[str, Any]) -> Capabilities:
 def probe_answer(target: Optional[str]) -> dict[str, Any]:
     """Probe this process's machine and import ``target`` here: what a probe process answers (JSON-able)."""
     answer: dict[str, Any] = {"capabilities": _probe_here().to_dict()}
-    mismatch = install_mismatch()
+    mismatch = install_mismatch() or torchvision_ops_failure()
     if mismatch:
         answer["install_error"] = mismatch
         return answer
@@ -449,11 +489,21 @@ def probe_answer(target: Optional[str]) -> dict[str, Any]:
     return answer
 
 
-def probe_into(connection: Any, target: Optional[str], log_path: str) -> None:
+def probe_into(connection: Any, target: Optional[str], log_path: str, environ: Optional[dict[str, str]] = None,
+               cwd: Optional[str] = None) -> None:
     """The body of a probe process forked from the trial server: the answer goes back through ``connection``.
 
-    What the user's module prints at import goes to ``log_path``, not to the coordinator's terminal.
+    What the user's module prints at import goes to ``log_path``, not to the coordinator's terminal. With
+    ``environ`` and ``cwd`` (the coordinator's), the target is imported in them, as a trial imports it.
     """
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update({k: v for k, v in environ.items() if k != "AUTOTUNE_TRIAL_CWD"})
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass  # the target's own path then says what is missing
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -141,7 +141,8 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         lines.append("Best: no feasible config was found.")
     else:
         how = "its median in the same alternation" if alternated else "a single run"
-        text = f"Best: `{best.config.describe()}` at {best.throughput:,.1f} samples/s (trial #{best.number}, {how}); "
+        label = "Best" if result.faster or result.is_baseline else "Fastest other config (not recommended)"
+        text = f"{label}: `{best.config.describe()}` at {best.throughput:,.1f} samples/s (trial #{best.number}, {how}); "
         if result.faster:
             text += f"verdict: {result.verdict} ({result.spread_text})."
         else:

@@ -97,13 +97,17 @@ def tune(train_fn: Union[Callable[..., Any], str], *, space: SearchSpace, baseli
     """Run a study of ``train_fn`` with the adapter's space and the user's baseline (options are ``Tuner``'s).
 
     ``preload``: the trainer library's modules, which the trial server imports once for every trial (they
-    import without touching CUDA; importing them costs a trial seconds).
+    import without touching CUDA; importing them costs a trial seconds). ``options["summary"]`` (default
+    True) prints the summary ``autotune tune`` prints.
     """
+    from autotune.integrations._summary import run_and_summarize
+
     preload_in_trial_server(*preload)
+    summary = options.pop("summary", True)
     if baseline and "baseline" not in options:
         options["baseline"] = dict(baseline)
     options.setdefault("metric_direction", metric_direction)
-    return Tuner(train_fn, space=space, **options).run()
+    return run_and_summarize(Tuner(train_fn, space=space, **options), summary=summary)
 
 
 class StepMeter:

@@ -23,13 +23,13 @@ loss of each optimizer step; the metric comes from ``trainer.validate()`` after 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Union
 
 from autotune._config import ATTENTION_BACKENDS, Result, TrialConfig
 from autotune._errors import WorkloadError
 from autotune.integrations import _common
 from autotune.integrations._common import Unsupported
+from autotune.integrations._paste import LightningArguments, _kwargs  # noqa: F401 (re-exported)
 from autotune.search._space import SearchSpace
 
 EXTRA = "lightning"
@@ -73,49 +73,6 @@ _TRIAL_ONLY = {
 }
 # The callbacks a trial leaves out: they need validation, a logger or checkpoints, which a trial does not run.
 _LEFT_OUT = ("Checkpoint", "EarlyStopping", "LearningRateMonitor", "ProgressBar", "ModelSummary")
-
-
-@dataclass(frozen=True)
-class LightningArguments:
-    """A config as Lightning takes it: what to paste into your script.
-
-    Args:
-        trainer: ``Trainer(**trainer)``: precision, accumulate_grad_batches, benchmark.
-        dataloader: The training ``DataLoader``'s batch_size, num_workers, pin_memory, prefetch_factor,
-            persistent_workers.
-        compile: ``torch.compile`` mode for the module (``"default"``: no mode), or ``None``: eager.
-        channels_last: ``module.to(memory_format=torch.channels_last)`` before ``fit``.
-        float32_matmul_precision: ``torch.set_float32_matmul_precision(...)`` on CUDA: ``"highest"`` (true
-            fp32) or ``"high"`` (TF32); ``None`` on a CPU.
-    """
-
-    trainer: dict[str, Any] = field(default_factory=dict)
-    dataloader: dict[str, Any] = field(default_factory=dict)
-    compile: Optional[str] = None
-    channels_last: bool = False
-    float32_matmul_precision: Optional[str] = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"trainer": dict(self.trainer), "dataloader": dict(self.dataloader), "compile": self.compile,
-                "channels_last": self.channels_last, "float32_matmul_precision": self.float32_matmul_precision}
-
-    def code(self) -> str:
-        """The lines to paste, in the order a script runs them."""
-        lines = []
-        if self.float32_matmul_precision:
-            lines.append(f"torch.set_float32_matmul_precision({self.float32_matmul_precision!r})")
-        if self.channels_last:
-            lines.append("model = model.to(memory_format=torch.channels_last)")
-        if self.compile:
-            mode = "" if self.compile == "default" else f", mode={self.compile!r}"
-            lines.append(f"model = torch.compile(model{mode})")
-        lines.append("DataLoader(dataset, " + _kwargs(self.dataloader) + ")")
-        lines.append("Trainer(" + _kwargs(self.trainer) + ")")
-        return "\n".join(lines)
-
-
-def _kwargs(values: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in values.items())
 
 
 def trainer_arguments(config: TrialConfig, *, cuda: Optional[bool] = None) -> LightningArguments:
@@ -198,7 +155,8 @@ def tune(train_fn: Union[Callable[..., Any], str], *, trainer: Optional[Mapping[
             knobs of the baseline.
         space: A built-in space name, a YAML path or a ``SearchSpace``.
         metric_direction: ``"minimize"`` when ``run_trainer``'s ``metric`` is a loss.
-        **options: Any ``Tuner`` option (``n_trials``, ``study_name``, ``storage``, ...).
+        **options: Any ``Tuner`` option (``n_trials``, ``study_name``, ``storage``, ...; the CLI's names, e.g.
+            ``study``, ``trials``, are taken too), and ``summary=False`` to print no summary at the end.
     """
     stated = baseline(trainer, loader) if trainer is not None or loader is not None else None
     return _common.tune(train_fn, space=search_space(space), baseline=stated, metric_direction=metric_direction,

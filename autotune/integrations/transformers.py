@@ -196,7 +196,8 @@ def tune(train_fn: Union[Callable[..., Any], str], *, args: Any = None,
         args: Your ``TrainingArguments``: the untuned baseline (``baseline=`` overrides it).
         space: A built-in space name, a YAML path or a ``SearchSpace``.
         metric_direction: ``"maximize"`` when ``run_trainer``'s ``metric`` is an accuracy-like metric.
-        **options: Any ``Tuner`` option (``n_trials``, ``study_name``, ``storage``, ...).
+        **options: Any ``Tuner`` option (``n_trials``, ``study_name``, ``storage``, ...; the CLI's names, e.g.
+            ``study``, ``trials``, are taken too), and ``summary=False`` to print no summary at the end.
     """
     stated = baseline(args) if args is not None else None
     return _common.tune(train_fn, space=search_space(space, args=args), baseline=stated,
@@ -252,6 +253,8 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
             raise KnobError(f"the Trainer would train on {trainer.args.n_gpu} GPUs (DataParallel); a trial measures "
                             "one device: make one visible (CUDA_VISIBLE_DEVICES)")
         ctx.record("training_arguments", overrides)
+        if args is not None:  # what the script's own arguments train with: the summary compares the study's baseline
+            ctx.record("script_baseline", baseline(args, cuda=ctx.device.type == "cuda"))
         saw = _Saw()
         trainer.add_callback(_callback(transformers, meter, saw))
         trainer.training_step = _metered_step(trainer.training_step, meter, saw)

@@ -61,9 +61,9 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
     if not isinstance(value, int) or isinstance(value, bool):
         return f"{value!r} is not an integer"
     if knob == "batch_size":
-        if value <= 0 or value % 8:
-            return f"{value} is not a positive multiple of 8 (Tensor Core multiple)"
-        return None
+        # Any batch the script trains at, on any device: the Tensor Core multiples of 8 are what a range of
+        # batch sizes proposes (``_parse_range``), not a rule for the baseline or for sizes listed by hand.
+        return None if value > 0 else f"{value} is not a positive integer"
     if knob == "num_workers":
         return None if value >= 0 else f"{value} is negative"
     if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch", "bucket_cap_mb", "processes_per_gpu"):
@@ -154,6 +154,9 @@ class SearchSpace:
     removed: dict[str, str] = field(default_factory=dict)  # "knob=value" -> why the probe removed it
     declared_batch_sizes: Optional[Knob] = None  # the batch knob as written, before the policy trimmed it
     global_batch_stated: bool = False  # the YAML set global_batch (else it follows the baseline batch x ranks)
+    # The YAML states neither global_batch nor baseline.batch_size: the batch is the script's to state
+    # (--batch-size, ctx.loader), and the micro-batches and the budget are checked against it once it does.
+    batch_placeholder: bool = False
     # Values the probe kept that cannot run together; each is also in ``removed`` under its key.
     combinations: tuple[Combination, ...] = ()
     # The whole study's default budget in minutes (``study_minutes:``), when the space declares one; a
@@ -263,7 +266,12 @@ class SearchSpace:
         if self.batch_policy == "scale":
             return _with_policy(space, "scale", None, where)
         stated = values["batch_size"] * self.processes_per_trial if "batch_size" in values else self.global_batch
-        return _with_policy(space, "fixed", stated, where)
+        # The script's batch (--batch-size, --baseline, ctx.loader): micro-batches that do not divide it are left out.
+        placeholder = self.batch_placeholder and "batch_size" not in values
+        space = _with_policy(space, "fixed", stated, where, strict=False, placeholder=placeholder)
+        if self.batch_placeholder and not placeholder:
+            _check_budget(space, where)  # checked at last against the batch the script trains at
+        return dataclasses.replace(space, batch_placeholder=placeholder)
 
     @property
     def fingerprint(self) -> str:
@@ -528,8 +536,12 @@ def _parse_range(where: str, name: str, raw: dict[str, Any]) -> Knob:
         raise SpaceError(f"{where}: knobs.{name}: low {low} > high {high}")
     if not isinstance(step, (int, float)) or isinstance(step, bool) or step <= 0:
         raise SpaceError(f"{where}: knobs.{name}.step: {step!r} is not a positive number")
-    if name == "batch_size" and step % 8:
-        raise SpaceError(f"{where}: knobs.batch_size.step: {step} is not a multiple of 8")
+    if name == "batch_size":
+        # A range proposes Tensor Core multiples; other sizes can be listed as choices.
+        for key, v in (("low", low), ("step", step)):
+            if v % 8:
+                raise SpaceError(f"{where}: knobs.batch_size.{key}: {v} is not a multiple of 8 (a range of batch sizes "
+                                 "proposes Tensor Core multiples; list other sizes as choices, e.g. [10, 20])")
     count = math.floor((high - low) / step + 1e-9) + 1 if math.isfinite((high - low) / step) else math.inf
     if count > MAX_RANGE_VALUES:
         # Every value of a range is expanded (the space's size, restriction, the sampler's grid).
@@ -621,9 +633,13 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
         description=str(data.get("description", "")),
         global_batch_stated=global_batch is not None,
     )
-    space = _with_policy(space, policy, global_batch, where)
-    _check_budget(space, where)
-    return space
+    # A space that states neither its global batch nor its baseline's batch leaves it to the script: its
+    # micro-batches are checked against the default only leniently (left out, not refused).
+    placeholder = global_batch is None and "batch_size" not in base_values
+    space = _with_policy(space, policy, global_batch, where, strict=not placeholder, placeholder=placeholder)
+    if not placeholder:
+        _check_budget(space, where)
+    return dataclasses.replace(space, batch_placeholder=placeholder)
 
 
 def _check_budget(space: SearchSpace, where: str) -> None:
@@ -668,8 +684,15 @@ def _check_processes(processes: Any, where: str) -> None:
         raise SpaceError(f"{where}: processes_per_trial: {processes!r} is not a positive integer")
 
 
-def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], where: str) -> SearchSpace:
-    """Set the batch policy on the space's baseline, checking the micro-batches against the global batch."""
+def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], where: str, *,
+                 strict: bool = True, placeholder: bool = False) -> SearchSpace:
+    """Set the batch policy on the space's baseline, checking the micro-batches against the global batch.
+
+    ``strict``: a micro-batch that does not divide the global batch is an error (the space contradicts
+    itself); otherwise (the global batch is the script's, stated after the space was written) it is left
+    out, with the reason recorded, as a micro-batch above the global batch is. ``placeholder``: the global
+    batch is only the default until the script states its own, so the budget is checked against that one.
+    """
     if policy not in BATCH_POLICIES:
         raise SpaceError(f"{where}: batch_policy: {policy!r} is not one of {', '.join(BATCH_POLICIES)}")
     base = space.baseline
@@ -689,24 +712,28 @@ def _with_policy(space: SearchSpace, policy: str, global_batch: Optional[int], w
         raise SpaceError(f"{where}: baseline.batch_size: {base.batch_size}{per_rank} does not divide the global batch "
                          f"{total} (batch_policy fixed)")
     for value in declared.values if declared else ():
-        if value * ranks <= total and total % (value * ranks):
+        if value * ranks <= total and total % (value * ranks) and strict:
             raise SpaceError(
                 f"{where}: knobs.batch_size: {value}{per_rank} does not divide the global batch {total} (batch_policy "
                 f"fixed accumulates micro-batches into it); list divisors of {total // ranks}, set global_batch, or "
                 "use batch_policy: scale"
             )
-    if space.budget.samples // total < MIN_OPTIMIZER_STEPS:
+    if space.budget.samples // total < MIN_OPTIMIZER_STEPS and not placeholder:
         raise SpaceError(
             f"{where}: budget.samples: {space.budget.samples} gives fewer than {MIN_OPTIMIZER_STEPS} optimizer "
             f"steps at the global batch {total}"
         )
     if declared is not None:
-        micro = tuple(v for v in declared.values if v * ranks <= total)
+        micro = tuple(v for v in declared.values if v * ranks <= total and not total % (v * ranks))
         above = [_fmt(v) for v in declared.values if v * ranks > total]
         if above:
             over = per_rank.replace(" x ", " over ")
             removed[f"batch_size={','.join(above)}"] = (f"above the global batch {total}{over} (batch_policy fixed: the "
                                                         "batch knob is the micro-batch; batch_policy scale lets it grow)")
+        apart = [_fmt(v) for v in declared.values if v * ranks <= total and total % (v * ranks)]
+        if apart:
+            removed[f"batch_size={','.join(apart)}"] = (f"does not divide the global batch {total}{per_rank} (batch_policy "
+                                                        "fixed accumulates micro-batches into it)")
         if micro:
             knobs["batch_size"] = Knob("batch_size", choices=micro)
     return dataclasses.replace(space, knobs=knobs, removed=removed, declared_batch_sizes=declared,

@@ -30,10 +30,11 @@ from typing import Any, Optional, Sequence
 
 from autotune._config import TrialOutcome
 from autotune._errors import AutotuneError
+from autotune._target import script_argv_env
 from autotune.hardware import Capabilities
 from autotune.hardware._machine import capabilities_from_answer, no_answer_error, probe, probe_into
 from autotune.study._signals import track_group, untrack_group
-from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, RANKS_ENV, TrialSpec, _child
+from autotune.trial._execute import ADDRESS_SPACE_PATTERNS, INFRA_EXIT_CODE, RANKS_ENV, TRIAL_CWD_ENV, TrialSpec, _child
 from autotune.trial._phase import read_compile_seconds
 
 STDERR_TAIL_CHARS = 2000
@@ -93,23 +94,29 @@ def start_trial_server() -> None:
         ready.join()
 
 
-def probe_in_trial_server(target: Optional[str], *, timeout: float = 300.0) -> Capabilities:
+def probe_in_trial_server(target: Optional[str], *, timeout: float = 300.0,
+                          script_args: Optional[Sequence[str]] = None) -> Capabilities:
     """``hardware.probe`` in a process forked from the trial server, which has torch imported already.
 
     The same answer as a fresh probe process (the fork has not touched CUDA either), without paying a
-    second torch import per study. Falls back to ``hardware.probe`` where there is no forkserver.
+    second torch import per study. Falls back to ``hardware.probe`` where there is no forkserver. The target
+    is imported as a trial imports it: in the coordinator's working directory and environment, with
+    ``script_args`` as its ``sys.argv[1:]`` when given.
 
     Raises:
         WorkloadError: ``target`` cannot be imported.
         AutotuneError: the probe process died or did not answer.
     """
+    environ = trial_environ()
+    if script_args is not None:
+        environ.update(script_argv_env(script_args))
     context = _mp_context()
     if context.get_start_method() != "forkserver":
-        return probe(target=target, timeout=timeout)
+        return probe(target=target, timeout=timeout, env=environ)
     receive, send = context.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as folder:
         log_path = os.path.join(folder, "probe.log")
-        process = context.Process(target=probe_into, args=(send, target, log_path), daemon=True)
+        process = context.Process(target=probe_into, args=(send, target, log_path, environ, os.getcwd()), daemon=True)
         process.start()
         send.close()
         try:
@@ -136,10 +143,13 @@ def _nothing() -> None:
 
 def trial_environ() -> dict[str, str]:
     """The coordinator's environment as a trial gets it: without the storage URL (``STORAGE_ENV``), whose
-    password the user's code has no need of."""
+    password the user's code has no need of, and with the coordinator's working directory (``TRIAL_CWD_ENV``,
+    which the trial process moves to and takes out: the trial server's own may be an older one)."""
     from autotune.study._storage import STORAGE_ENV
 
-    return {key: value for key, value in os.environ.items() if key != STORAGE_ENV}
+    environ = {key: value for key, value in os.environ.items() if key != STORAGE_ENV}
+    environ[TRIAL_CWD_ENV] = os.getcwd()
+    return environ
 
 
 def _trial_server_dead(wait: float = 0.0) -> bool:

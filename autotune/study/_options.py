@@ -194,13 +194,24 @@ class TrialOptions:
             half of the trial's limit is stopped before it spends the rest. Compiles inside
             ``ctx.batches`` and any TorchDynamo compile (a hand-written loop, a recompile on a new shape)
             count; see ``autotune.trial._phase``.
+        script_args: The script's own command-line arguments (``autotune tune main.py:train -- --emsize 64``):
+            every trial process, and the probe that imports the script, has ``sys.argv`` set to the script's
+            path followed by them before the script is imported. ``None``: trials get this process's own
+            ``sys.argv`` (a script that calls ``autotune.run`` passes its own options on); the CLI gives ``[]``
+            without ``--`` (its own arguments are no script's).
     """
 
     trial_timeout: float = 600.0
     memory_limit_gib: Optional[float] = None
     compile_timeout: Optional[float] = None
+    script_args: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
+        if self.script_args is not None:
+            if isinstance(self.script_args, (str, bytes)):
+                raise ValueError(f"script_args must be a list of arguments (e.g. ['--emsize', '64']), not the string "
+                                 f"{self.script_args!r}: split it with shlex.split")
+            object.__setattr__(self, "script_args", tuple(str(a) for a in self.script_args))
         if self.compile_timeout is not None and not 0 < self.compile_timeout < float("inf"):
             raise ValueError("compile_timeout must be positive and finite")
         if not 0 < self.trial_timeout < float("inf"):
@@ -255,10 +266,13 @@ class TunerOptions:
             TypeError: a keyword that no record has.
         """
         changes: dict[str, dict[str, Any]] = {}
-        for name, value in keywords.items():
+        for given, value in keywords.items():
+            name = CLI_NAMES.get(given, given)
+            if name != given and name in keywords:
+                raise TypeError(f"tuner option {given!r} is {name!r} by its other name: give one of them")
             group = _FIELD_GROUPS.get(name)
             if group is None:
-                raise TypeError(f"unknown tuner option {name!r}")
+                raise TypeError(unknown_option(given))
             changes.setdefault(group, {})[name] = value
         return dataclasses.replace(
             self, **{group: dataclasses.replace(getattr(self, group), **fields) for group, fields in changes.items()}
@@ -270,3 +284,17 @@ _FIELD_GROUPS: dict[str, str] = {
     for group in dataclasses.fields(TunerOptions)
     for f in dataclasses.fields(group.default_factory())  # type: ignore[misc]
 }
+# The CLI's names of the options whose Python keyword differs (``--study``, ``--trials``, ...): accepted too,
+# so that ``autotune.run(train, study="x", trials=8)`` does what ``autotune tune --study x --trials 8`` does.
+CLI_NAMES: dict[str, str] = {"study": "study_name", "trials": "n_trials", "budget": "budget_minutes",
+                             "memory_limit": "memory_limit_gib", "nproc_per_trial": "processes_per_trial"}
+
+
+def unknown_option(name: str) -> str:
+    """One line for an option no record has, naming the nearest valid one."""
+    import difflib
+
+    names = sorted({*_FIELD_GROUPS, *CLI_NAMES})
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f"; did you mean {CLI_NAMES.get(near[0], near[0])!r}?" if near else ""
+    return f"unknown tuner option {name!r}{hint} (the options: autotune.Tuner's, in docs/api.md)"

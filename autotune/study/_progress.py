@@ -119,8 +119,9 @@ class _Progress:
         config = TrialConfig.from_dict(trial.user_attrs["config"]).describe() if "config" in trial.user_attrs else ""
         note = ""
         if status == "ok" and trial.constraints.get("accuracy", 0.0) > 0:
-            # Measured, but it lost more accuracy than allowed: it cannot be the best, whatever its speed.
-            note = f"  [accuracy loss {trial.user_attrs.get('accuracy_loss', float('nan')):+.3f} over bound]"
+            # Measured, but it lost more accuracy than allowed: it cannot be the best, whatever its speed. The
+            # label names the part of the check that failed (the training loss, or the metric), not one that passed.
+            note = f"  [accuracy {trial.user_attrs.get('accuracy_verdict') or 'over bound'}: {_failed_part(trial)}]"
         if status == "ok" and trial.user_attrs.get("colocation_summary"):
             note += f"  [{trial.user_attrs['colocation_summary']}]"
         if status not in ("ok", "pruned") and trial.user_attrs.get("error"):
@@ -132,3 +133,11 @@ class _Progress:
     def set_completed(self, count: int) -> None:
         if self._progress is not None:
             self._progress.update(self._task, completed=count)
+
+
+def _failed_part(trial: FrozenTrial) -> str:
+    """The parts of a trial's accuracy evidence that did not pass (its metric loss when none is recorded)."""
+    parts = [p for p in str(trial.user_attrs.get("accuracy_evidence") or "").split("; ") if p and ": within" not in p]
+    if not parts:
+        return f"metric loss {trial.user_attrs.get('accuracy_loss', float('nan')):+.3f} over the bound"
+    return "; ".join(parts)[:200]

@@ -98,7 +98,8 @@ class References:
                 raise StudyError(
                     f"the study's budget of {self.clock.budget_seconds / 60:g} minutes is too short: the fp32 "
                     f"reference run did not finish in the {outcome.wall_seconds:.0f} s left to it; give a larger "
-                    "--budget (budget_minutes=)"
+                    f"--budget (budget_minutes=), or a space whose budget.samples is smaller than its "
+                    f"{self.runner.budget.samples:,} (the samples every run trains, the references' included)"
                 )
             if not outcome.ok or outcome.measurement is None:
                 raise WorkloadError(

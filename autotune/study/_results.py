@@ -28,10 +28,18 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
     best = result.best
     trial = study.trials[best.number] if best else None
     measurement = {k: v for k, v in (trial.user_attrs.items() if trial else []) if k not in ("config",)}
+    # What to train with: the pick when it is faster, else the baseline (a slower config is never offered).
+    chosen = result.best_config or result.baseline
+    # The chosen config's own trial records (what it compiled, converted, packed): none for a baseline kept.
+    chosen_attrs = trial.user_attrs if trial and (result.faster or result.is_baseline) else {}
     return {
         "study": study.study_name,
         "target": study.user_attrs.get("target"),
-        "config": best.config.to_dict() if best else None,
+        "config": result.best_config.to_dict() if result.best_config else None,
+        "keep_baseline": result.keep_baseline,
+        # The fastest config measured, when it is not the one to train with (slower, or inside the spread).
+        "not_recommended": ({"config": best.config.to_dict(), "trial": best.number, "why": result.why_not_faster}
+                            if best and result.keep_baseline and not result.is_baseline else None),
         "trial": best.number if best else None,
         "throughput": best.throughput if best else None,
         "speedup": None if not best or math.isnan(result.speedup) else result.speedup,
@@ -52,19 +60,18 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         "removed_knobs": result.removed_knobs,
         "fingerprint": study.user_attrs.get("hardware", {}),
         "confirmation": study.user_attrs.get("confirmation"),
-        "batch_policy": _batch_policy(best.config if best else result.baseline, study.user_attrs),
-        "packing": _packing(best.config if best else result.baseline, trial.user_attrs if trial else {},
-                            cuda=bool((study.user_attrs.get("hardware") or {}).get("cuda"))),
+        "batch_policy": _batch_policy(chosen, study.user_attrs),
+        "packing": _packing(chosen, chosen_attrs, cuda=bool((study.user_attrs.get("hardware") or {}).get("cuda"))),
         # What the loader knobs ask of the user's own training code (loader=device: data kept on the device).
-        "input_pipeline": (best.config if best else result.baseline).input_pipeline,
+        "input_pipeline": chosen.input_pipeline,
         # What precision=fp8 and the allocator knob ask of the user's own code, and what the trial converted.
-        "float8": _float8(best.config if best else result.baseline, trial.user_attrs if trial else {}),
-        "allocator": _allocator(best.config if best else result.baseline),
+        "float8": _float8(chosen, chosen_attrs),
+        "allocator": _allocator(chosen),
         # Under compile: what the trial compiled (the whole model, or its repeated blocks one by one).
-        "compile": _compile(best.config if best else result.baseline, trial.user_attrs if trial else {}),
+        "compile": _compile(chosen, chosen_attrs),
         "accuracy_verdict": trial.user_attrs.get("accuracy_verdict") if trial else None,
         "accuracy_evidence": trial.user_attrs.get("accuracy_evidence") if trial else None,
-        "accuracy_check": study.user_attrs.get("accuracy_check") or {"blind": None, "reasons": []},
+        "accuracy_check": _accuracy_check(study.user_attrs.get("accuracy_check")),
         "confirmed": confirmation_status(study, result, unconfirmed),
         "time_split": study.user_attrs.get("time_split"),
         # The order of the study: when a faster config was first measured, and how long its evidence is.
@@ -143,10 +150,26 @@ def confirmation_status(study: optuna.Study, result: Result, unconfirmed: str = 
                 "why": unconfirmed or ("nothing feasible was found" if best is None else "the pick was not raced"),
                 "basis": result.speedup_basis}
     race = race_record.get("race") or {}
+    if result.speedup_basis != "alternation":
+        # The pick won the race without a run of the baseline beside one of its own: its speed-up is still
+        # the single runs', so it is not called confirmed (the CLI's caption says single runs too).
+        rounds = len(race_record.get("rounds", []))
+        return {"confirmed": False, "basis": result.speedup_basis,
+                "why": f"the race ended after {race.get('runs')} run(s) in {rounds} round(s), before the baseline "
+                       "ran beside the pick: the speed-up is from single runs",
+                "rounds": rounds, "runs": race.get("runs"), "ended": race.get("ended")}
     return {"confirmed": True, "rounds": len(race_record.get("rounds", [])), "runs": race.get("runs"),
             "ended": race.get("ended"), "dropped": race.get("dropped"), "noisy": bool(race.get("noisy")),
             "spread": {"low": _number(result.speedup_low), "high": _number(result.speedup_high)},
             "seconds": race.get("seconds")}
+
+
+def _accuracy_check(check: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The study's accuracy check: ``blind`` (no part of it can see a loss), ``partly_blind`` (one part cannot,
+    the verdict rests on the other) and the reasons."""
+    check = dict(check or {"blind": None, "reasons": []})
+    check["partly_blind"] = not check.get("blind") and bool(check.get("reasons"))
+    return check
 
 
 def _batch_policy(config: Any, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Budget, TrialConfig, TrialOutcome, alloc_conf_with
+from autotune._target import script_argv_env
 from autotune.hardware._mps import MpsSession
 from autotune.study._colocate import run_copies
 from autotune.study._isolation import run_isolated
@@ -32,12 +33,14 @@ class TrialRunner:
         mps: The study's MPS session when its space has ``mps=true``: trials of ``mps=true`` connect to its
             daemon, every other trial is kept off MPS explicitly (an empty pipe directory), so the same
             packing is measured both ways. ``None``: trials keep the environment as it is.
+        script_args: The script's own arguments, each trial's ``sys.argv[1:]`` (``TrialOptions.script_args``).
     """
 
     def __init__(self, *, target: str, logdir: Path, baseline: TrialConfig, budget: Budget, timeout: float,
                  memory_limit_gib: Optional[float] = None, compile_timeout: Optional[float] = None,
-                 mps: Optional[MpsSession] = None) -> None:
+                 mps: Optional[MpsSession] = None, script_args: Optional[Sequence[str]] = None) -> None:
         self.target = target
+        self.script_args = script_args
         self.logdir = logdir
         self.baseline = baseline
         self.budget = budget
@@ -72,6 +75,8 @@ class TrialRunner:
         env.update(self._mps_env(config))
         if config.allocator == "expandable":
             env[ALLOC_CONF_ENV] = alloc_conf_with(os.environ.get(ALLOC_CONF_ENV, ""), EXPANDABLE_SEGMENTS)
+        if self.script_args is not None:
+            env.update(script_argv_env(self.script_args))  # the script's own arguments, as its sys.argv[1:]
         return env or None
 
     def _cache_env(self) -> dict[str, str]:

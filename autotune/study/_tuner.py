@@ -548,7 +548,8 @@ class Tuner:
                 # second, not after the trial server's torch import (a given space reads no capability).
                 given = self._load_space(None)
         with clock.part("probe"):
-            caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target)
+            caps = self._caps = opts.search.capabilities or probe_in_trial_server(self.target,
+                                                                                  script_args=opts.trial.script_args)
         setup_began = time.monotonic()
         storage, storage_label = open_storage(opts.study.storage, opts.study.studies_dir,
                                               grace_period=opts.study.grace_period)
@@ -575,7 +576,7 @@ class Tuner:
         runner = TrialRunner(target=self.target, logdir=study_dir(self.study_name, studies_dir) / "logs",
                              baseline=space.baseline, budget=space.budget, timeout=opts.trial.trial_timeout,
                              memory_limit_gib=opts.trial.memory_limit_gib,
-                             compile_timeout=opts.trial.compile_deadline, mps=mps)
+                             compile_timeout=opts.trial.compile_deadline, mps=mps, script_args=opts.trial.script_args)
         if study is not None:  # a resume or a joining worker trains the length its references trained
             runner.budget = apply_trial_budget(runner.budget, study.user_attrs.get(TRIAL_BUDGET))
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed,

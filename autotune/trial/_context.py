@@ -130,6 +130,12 @@ class TrialContext:
 
     # -- knobs ---------------------------------------------------------------------------------
     @property
+    def in_study(self) -> bool:
+        """This run is one of a study's (a trial, a reference run, a probe): it trains for its budget, not for
+        your whole run. False for a context you build yourself to train with the best config."""
+        return self.budget is not None
+
+    @property
     def world_size(self) -> int:
         """Ranks of this trial (``processes_per_trial``); 1 for a one-process trial."""
         return self._world_size

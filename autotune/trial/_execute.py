@@ -56,6 +56,9 @@ class TrialSpec:
 # Set by the launcher on every rank of a trial of several processes (its value: the ranks). torch's own
 # RANK/WORLD_SIZE alone do not make a rank: a tuner itself started under torchrun passes them to every trial.
 RANKS_ENV = "AUTOTUNE_TRIAL_RANKS"
+# The coordinator's working directory, in the environment a trial process is given: the process moves there
+# before it imports the script (the trial server was started in the working directory of its day).
+TRIAL_CWD_ENV = "AUTOTUNE_TRIAL_CWD"
 # The exit code of a trial process that could not write its log or its result: an infrastructure fault.
 INFRA_EXIT_CODE = 75  # EX_TEMPFAIL
 # What an address-space limit (--memory-limit) breaks besides big allocations: threads and processes.
@@ -269,10 +272,18 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
     faulthandler.enable(all_threads=False)  # a segfault or abort leaves its Python stack in the log
     # The forkserver's environment is the one it started with; a trial gets the coordinator's current
     # one (e.g. CUDA_VISIBLE_DEVICES set after the first trial), before anything initialises CUDA.
+    environ = dict(environ)
+    cwd = environ.pop(TRIAL_CWD_ENV, None)
     os.environ.clear()
     os.environ.update(environ)
     if spec.env:
         os.environ.update(spec.env)
+    if cwd:
+        try:
+            os.chdir(cwd)  # trials run where the study was started: relative paths in the script mean the same
+        except OSError as exc:
+            print(f"autotune trial: cannot enter the study's working directory {cwd}: {exc}", file=sys.stderr,
+                  flush=True)
     try:
         outcome = execute(spec, compile_clock_path)
     except OSError:  # the log itself cannot be written (a full disk): nothing to classify, nowhere to say it
