@@ -3,8 +3,9 @@
 A second study of a target (a changed space, a larger budget) would otherwise spend its first minutes
 training the same fp32 baseline again. A study's references are stored under
 ``<studies dir>/.references/<key>.json``, keyed by everything that determines them: the target and the
-SHA-256 of its file and of the user's modules it imports, the fp32 baseline config (its global batch with
-it), the per-run length, the seeds, torch's version and the device. Any change in the key runs them again,
+SHA-256 of its file and of the user's modules it imports, the script's own arguments and the folder trials
+run in, the fp32 baseline config (its global batch with it), the per-run length, the seeds, torch's version
+and the device. Any change in the key runs them again,
 and ``--fresh-references`` (``fresh_references=``) always does. What the key cannot see (data files the
 script reads, environment variables) is the user's to flag with ``--fresh-references``.
 """
@@ -17,7 +18,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from autotune import hardware as _hardware
 from autotune._config import Budget
@@ -29,7 +30,8 @@ __all__ = ["load_references", "reference_key", "store_references"]
 
 
 def reference_key(*, target: str, baseline: dict[str, Any], budget: Budget, seed: int, repeats: int,
-                  adopt_script_batch: bool, caps: _hardware.Capabilities) -> Optional[str]:
+                  adopt_script_batch: bool, caps: _hardware.Capabilities,
+                  script_args: Optional[Sequence[str]] = None) -> Optional[str]:
     """The SHA-256 of what determines a study's fp32 references; None when the target's file is unknown."""
     path, digest = target_file(target), target_digest(target)
     if path is None or digest is None:
@@ -48,6 +50,9 @@ def reference_key(*, target: str, baseline: dict[str, Any], budget: Budget, seed
         "torch": caps.torch,
         "device": caps.gpu_name or "cpu",
         "cuda": caps.cuda_version,
+        # The script's own arguments and the folder trials run in (relative data paths resolve there).
+        "script_args": list(script_args) if script_args is not None else None,
+        "cwd": os.getcwd(),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 

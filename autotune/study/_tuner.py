@@ -377,7 +377,8 @@ class Tuner:
         return reference_key(target=self.target, baseline=space.baseline.replace(precision="fp32").to_dict(),
                              budget=space.budget, seed=self.options.study.seed,
                              repeats=self.options.accuracy.reference_repeats,
-                             adopt_script_batch=self._may_adopt_script_batch(space), caps=caps)
+                             adopt_script_batch=self._may_adopt_script_batch(space), caps=caps,
+                             script_args=self.options.trial.script_args)
 
     def _references_of(self, space: _space.SearchSpace, caps: _hardware.Capabilities, references: References,
                        ui: _Progress) -> dict[str, Any]:
