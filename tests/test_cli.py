@@ -118,7 +118,9 @@ def test_tune_then_best(tmp_path: Path) -> None:
     text = cli("best", "cli-tiny", "--studies-dir", studies, cwd=tmp_path)  # the default: a few lines
     assert text.returncode == 0, text.stderr
     lines = text.stdout.strip().splitlines()
-    assert lines[0].startswith("Study cli-tiny, trial #") and len(lines) <= 10, lines
+    # Two tiny configs on a shared CPU: the pick may be shown faster, or be inside the noise (keep the baseline).
+    head = "Study cli-tiny: no faster config found" if written.get("keep_baseline") else "Study cli-tiny, trial #"
+    assert lines[0].startswith(head) and len(lines) <= 10, lines
     assert any(line.startswith("Apply it: ") and str(best_json) in line for line in lines)
     assert f"Written {written['written']}" in text.stdout and "per GPU" not in text.stdout
     assert "{" not in text.stdout and text.stderr == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 
 import pytest
@@ -94,6 +95,8 @@ def test_result_speedup_is_best_over_baseline() -> None:
     best = TrialRecord(3, TrialConfig(batch_size=128), 300.0, 0.0, "ok", True)
     result = Result("s", "sqlite:///x.db", best, TrialConfig(), 100.0, 0.9, 0.0, (best,), {})
     assert result.speedup == pytest.approx(3.0)
-    assert result.best_config == TrialConfig(batch_size=128)
+    assert result.best_config == TrialConfig()  # no spread measured: not shown faster, so keep the baseline
+    shown = dataclasses.replace(result, speedup_low=2.5, speedup_high=3.5)
+    assert shown.faster and shown.best_config == TrialConfig(batch_size=128)
     empty = Result("s", "sqlite:///x.db", None, TrialConfig(), 100.0, 0.9, 0.0, (), {})
     assert math.isnan(empty.speedup) and empty.best_config is None

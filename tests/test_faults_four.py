@@ -249,7 +249,8 @@ def test_a_finalists_own_scattered_race_runs_make_the_machine_noisy(tmp_path, cp
     crowned = str(race["winner"])
     assert race["race"]["noisy"] and not race["race"]["noise_from_trials"]
     assert race["race"]["noisy_reason"] == f"#{crowned}'s own runs in the race differed by 67%"
-    assert result.noisy == pytest.approx(2 / 3, abs=1e-3) and "a range, not a point" in result.verdict
+    assert result.noisy == pytest.approx(2 / 3, abs=1e-3) and " to " in result.verdict  # a range, not a point
+    assert "the machine was noisy" in result.spread_text
 
 
 # -- 7: a trial the probes queued never stays WAITING once the budget is spent ------------------------------

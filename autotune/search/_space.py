@@ -637,7 +637,7 @@ def parse_space(data: Any, *, where: str = "<space>", name: Optional[str] = None
     # micro-batches are checked against the default only leniently (left out, not refused).
     placeholder = global_batch is None and "batch_size" not in base_values
     space = _with_policy(space, policy, global_batch, where, strict=not placeholder, placeholder=placeholder)
-    if not placeholder:
+    if not placeholder or space.batch_policy == "scale":  # under scale the batch values are what trials run
         _check_budget(space, where)
     return dataclasses.replace(space, batch_placeholder=placeholder)
 
