@@ -400,20 +400,7 @@ class TrialLoop:
             except optuna.exceptions.UpdateFinishedTrialError:
                 continue  # another process got there first
             if "retry_of" not in trial.user_attrs and trial.params:
-                self._enqueue_retry_first(trial)
-
-    def _enqueue_retry_first(self, trial: FrozenTrial) -> None:
-        """Queue a dead worker's trial again, ahead of what the probes queued: its place in the trial budget
-        was taken when it started, so it runs before a new proposal can spend the last one."""
-        study = self.study
-        queued = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                  if t.user_attrs.get("predicted_from") == "probes"]
-        kept = {t.number: (t.params, dict(t.user_attrs)) for t in queued}
-        dropped = drop_queued_predictions(study, f"queued again behind the retry of trial {trial.number}")
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        for number in dropped:
-            params, attrs = kept[number]
-            study.enqueue_trial(params, user_attrs=attrs)
+                study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
 
     def _copy(self, trial: optuna.Trial, old: FrozenTrial) -> None:
         for key, value in old.user_attrs.items():
