@@ -380,24 +380,18 @@ class Tuner:
                              adopt_script_batch=self._may_adopt_script_batch(space), caps=caps,
                              script_args=self.options.trial.script_args)
 
-    def _references_of(self, space: _space.SearchSpace, caps: _hardware.Capabilities, references: References,
-                       ui: _Progress) -> dict[str, Any]:
-        """The fp32 references: reused from an earlier study of the same target where nothing they depend on
-        changed (``--fresh-references`` runs them anyway), else run."""
-        began = time.monotonic()
-        key = self._reference_key(space, caps)
-        self._reference_cache_key = key
+    def _stored_references(self, space: _space.SearchSpace, caps: _hardware.Capabilities, references: References,
+                           ui: _Progress) -> Optional[dict[str, Any]]:
+        """The fp32 references of an earlier study of the same target where nothing they depend on changed
+        (``_stored``), with the length they trained; None when they must run (``--fresh-references`` too)."""
+        key = self._reference_cache_key = self._reference_key(space, caps)
         stored = None
         if key is not None and not self.options.accuracy.fresh_references:
             stored = load_references(self.options.study.studies_dir, key)
-        if stored is not None:  # reading a file is setup: the split's references stay at the 0 s they cost
-            self._clock.add("setup", time.monotonic() - began)
-            self._clock.add("references", -(time.monotonic() - began))
+        self._references_reused = stored[1] if stored is not None else None
         if stored is None:
-            self._references_reused = None
-            return references.baseline(ui, adopt_script_batch=self._may_adopt_script_batch(space))
+            return None
         reference, origin = stored
-        self._references_reused = origin
         references.runner.budget = apply_trial_budget(references.runner.budget, reference.get(TRIAL_BUDGET))
         ui.say(f"  fp32 references reused from study {origin['study']!r} ({origin['created']}): the same target, "
                "modules, baseline, length, seeds, torch and device (--fresh-references runs them again)")
@@ -595,8 +589,12 @@ class Tuner:
                         space = self._stored_model_restriction(storage, space)
                         study = self._load_existing(storage, space)
                     if study is None or not _creation_done(study):
+                        with clock.part("setup"):  # reading a file: the split's references stay at 0 s
+                            reference = self._stored_references(space, caps, references, ui)
                         with clock.part("references"):
-                            reference = self._references_of(space, caps, references, ui)
+                            if reference is None:
+                                reference = references.baseline(
+                                    ui, adopt_script_batch=self._may_adopt_script_batch(space))
                             adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
                             if adopted is not None:  # the baseline is the script's batch
                                 space = _space.restrict_to(adopted, caps)
