@@ -218,7 +218,8 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
     if baseline_config is not None and best.config == TrialConfig.from_dict(baseline_config):
         return _SpeedupEvidence(reference, ratio, ratio)  # one config against itself: no spread to speak of
     mine = study.get_trials(deepcopy=False)[best.number].user_attrs.get("window_throughputs") or []
-    theirs = (attrs.get("reference_measurement") or {}).get("window_throughputs") or []
+    # The baseline's own run: its speed run where the references ran with another loader (``_references``).
+    theirs = (attrs.get("baseline_speed") or attrs.get("reference_measurement") or {}).get("window_throughputs") or []
     if not mine or not theirs or min(theirs) <= 0:
         return _SpeedupEvidence(reference, ratio, ratio)
     return _SpeedupEvidence(reference, min(mine) / max(theirs), max(mine) / min(theirs))

@@ -73,6 +73,11 @@ def _add_study_options(p: argparse.ArgumentParser, *, trials: int) -> None:
                    help="run the fp32 references even where an earlier study of the same target, baseline, length, "
                         "seeds, torch and device kept them (they are reused by default; what the study cannot see, "
                         "such as changed data files, is yours to flag with this)")
+    p.add_argument("--reference-loader", choices=("auto", "prior", "baseline"), default="auto",
+                   help="the DataLoader knobs the fp32 references run with: prior, the prior point's (the "
+                        "references' steps come as fast as the step allows, and the baseline's own speed is "
+                        "measured in a short run apart); baseline, the baseline's; auto: prior on a GPU, baseline "
+                        "on a CPU (default auto)")
     p.add_argument("--baseline", metavar="KNOB=VALUE,...",
                    help="the untuned config as your script trains it, e.g. batch_size=32,precision=fp32: it "
                         "overrides the space's baseline (knobs not named keep the space's); under the fixed batch "
@@ -260,7 +265,7 @@ _TUNER_OPTIONS = {
     "prune_below": "prune_below", "accuracy_reference": "accuracy_reference", "batch_policy": "batch_policy",
     "compile_timeout": "compile_timeout", "train_minutes": "train_minutes", "train_steps": "train_steps",
     "baseline": "baseline", "nproc_per_trial": "processes_per_trial", "mps": "mps", "batch_size": "batch_size",
-    "fresh_references": "fresh_references",
+    "fresh_references": "fresh_references", "reference_loader": "reference_loader",
     "script_args": "script_args",
 }
 # The commands that run the script, and so take its own arguments after "--".

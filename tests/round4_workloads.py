@@ -22,7 +22,8 @@ def train_compiles_a_function(ctx) -> None:
     ctx.report_metric(1.0)
 
 
-CRASH_ENV = "AUTOTUNE_TEST_CRASH_WORKERS"  # "<num_workers>:<folder>": that config segfaults from its 2nd run on
+# "<num_workers>:<folder>[:raise]": that config segfaults (or raises) from its 2nd run on
+CRASH_ENV = "AUTOTUNE_TEST_CRASH_WORKERS"
 
 
 def replay_crashes_from_its_second_run(ctx) -> None:
@@ -34,11 +35,14 @@ def replay_crashes_from_its_second_run(ctx) -> None:
 
     from autotune.search._simulate import replay_train
 
-    workers, _, folder = os.environ.get(CRASH_ENV, "").partition(":")
+    workers, _, rest = os.environ.get(CRASH_ENV, "").partition(":")
+    folder, _, how = rest.partition(":")
     if workers and ctx.config.num_workers == int(workers):
         counter = Path(folder) / "crash-runs"
         runs = int(counter.read_text()) + 1 if counter.exists() else 1
         counter.write_text(str(runs))
+        if runs >= 2 and how == "raise":
+            raise RuntimeError("this config fails from its second run on")
         if runs >= 2:
             os.kill(os.getpid(), signal.SIGSEGV)
     replay_train(ctx)

@@ -90,7 +90,7 @@ def test_an_input_bound_reference_with_an_untuned_step_runs_the_prior_point_befo
         tmp_path, cpu_caps, monkeypatch) -> None:
     """The reference waits on its input, but its step is the ceiling the prior point lifts: the first full
     trial is the prior point, not a loader-only config the probes picked; the plan says why."""
-    monkeypatch.setenv(answer_workloads.ITEM_ENV, "0.002")  # 64 ms of reads a batch against a 40 ms step
+    monkeypatch.setenv(answer_workloads.ITEM_ENV, "0.003")  # 96 ms of reads a batch against a 40 ms step
     monkeypatch.setenv(answer_workloads.STEP_ENV, "0.04")
     _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=640, n_trials=2, reference_repeats=1).run()
     study = _study(tmp_path)
@@ -141,3 +141,29 @@ def test_a_second_study_of_the_same_target_reuses_the_references_until_one_of_th
     (tmp_path / "script" / "helper.py").write_text("STEP = 0.001\n")  # a module the target imports
     assert references_run(study_name="edited", mode="create") == 1
     assert references_run(study_name="edited-again", mode="create") == 0
+
+
+def test_references_with_the_prior_points_loader_train_more_in_their_share_and_the_baseline_is_timed_apart(
+        tmp_path, cpu_caps, monkeypatch) -> None:
+    """The baseline's loader (no workers) feeds 8 ms an item, the prior point's (four workers) faster:
+    under a budget the fp32 references run with the prior's loader, so in their share they train more samples
+    than the baseline's loader could deliver; the baseline's own speed comes from a short run of it, and the
+    speed-up divides by that."""
+    monkeypatch.setenv(answer_workloads.ITEM_ENV, "0.008")
+    space = SPACE.replace("num_workers: [0, 1]", "num_workers: [0, 4]")
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=3,
+           reference_loader="prior").run()
+    attrs = _study(tmp_path).user_attrs
+    assert attrs["baseline_config"]["num_workers"] == 0 and attrs["reference_config"]["num_workers"] == 4
+    speed = attrs["baseline_speed"]
+    assert attrs["baseline_throughput"] == speed["throughput"] and speed["samples"] < 4096
+    reference = next(t for t in _study(tmp_path).trials if t.user_attrs.get("role") == "reference")
+    assert reference.user_attrs["config"]["num_workers"] == 4
+    assert reference.user_attrs["throughput"] > 1.4 * speed["throughput"]
+    # Each seed's share of the 90 s budget is 9 s: at the baseline's own speed that is this many samples at most.
+    shortened = attrs["references_shortened"]
+    assert shortened["seconds"] == 9.0 and shortened["samples"] > speed["throughput"] * 9.0, (shortened, speed)
+    # Trial 0, the reference run with two workers, is a config like any other: measured faster than the
+    # baseline's own speed run, beyond both runs' windows, it is the pick.
+    saved = json.loads((tmp_path / "studies" / "a" / "best_config.json").read_text())
+    assert saved["faster"] and saved["config"]["num_workers"] == 4 and saved["speedup_spread"]["low"] > 1.0

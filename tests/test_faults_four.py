@@ -81,6 +81,12 @@ def test_a_read_only_cache_is_checked_before_a_trial_and_replaced(tmp_path, capf
         env = runner.spec(config, seed=0).env  # said once, not once per trial
         err = capfd.readouterr().err
         assert err.count("compile cache is unusable") == 1 and "Read-only file system" in err, err
+        # A compiling trial on the read-only mount runs, compiled by real Inductor into the fallback (before:
+        # InductorError: OSError: [Errno 30] Read-only file system, and the config ruled out).
+        ran = runner.run(config, "t0", seed=0)
+        assert ran.status == "ok", (ran.error, ran.stderr_tail)
+        assert ran.measurement.extras["compile_cache"] == "cold"
+        assert any(cache.with_name("compile_cache-fallback").rglob("*.py"))
     finally:
         subprocess.run(["umount", "-l", str(cache)], capture_output=True)
     runner.spec(config, seed=0)
@@ -212,6 +218,23 @@ def test_a_finalist_that_crashes_in_every_race_run_drops_out_with_its_failure_na
                   studies_dir=str(tmp_path / "studies"), top_k=2)
     out = capsys.readouterr().out
     assert "\x1b" not in out and "a\\x1b[2Jb" in out, out
+
+
+def test_a_finalist_that_raises_in_every_race_run_drops_out_with_its_error_named(tmp_path, cpu_caps, monkeypatch):
+    """Item 4's other half: the finalist's train_fn raises (not a signal) from its second run on."""
+    from test_budget import _key, _study
+
+    from round4_workloads import CRASH_ENV
+
+    result = _race_study(tmp_path, cpu_caps, monkeypatch, {_key(num_workers=1): 2000.0, _key(num_workers=2): 1900.0},
+                         target=f"{WORKLOADS4}:replay_crashes_from_its_second_run",
+                         enqueue=[{"num_workers": 1}, {"num_workers": 2}], env={CRASH_ENV: f"1:{tmp_path}:raise"})
+    race = _study(tmp_path).user_attrs["top_k_confirmation"]
+    failed = next(str(t.number) for t in _study(tmp_path).trials if t.params.get("num_workers") == 1)
+    assert race["throughputs"][failed] == []
+    why = race["race"]["dropped"][failed]
+    assert why.startswith("failed in each of its 2 race runs: ") and "this config fails from its second run on" in why, why
+    assert result.best.config.num_workers == 2 and race["winner"] != int(failed)
 
 
 # -- 5: the race checks each config's own runs and their gap to its full trial -----------------------------

@@ -14,8 +14,8 @@ import pytest
 
 from autotune._config import TrialConfig
 from autotune.study._budget import StudyClock
-from autotune.study._planner import (PROBE, REFERENCE, REFERENCE_SHARE, STOP, TRIAL, StudyView, first_faster,
-                                     next_action, probes_why, reference_seconds, view_of)
+from autotune.study._planner import (PROBE, REFERENCE, REFERENCE_SHARE, RETRY_REASON, STOP, TRIAL, StudyView,
+                                     first_faster, next_action, probes_why, reference_seconds, view_of)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -126,3 +126,25 @@ def test_first_faster_skips_the_reference_duplicates_and_harmful_trials() -> Non
     ]
     assert first_faster(trials, 100.0) == {"trial": 4, "throughput": 250.0, "speedup": 2.5}
     assert first_faster(trials[:4], 100.0) is None
+
+
+def test_a_dead_workers_retry_keeps_its_place_when_a_probes_pick_filled_the_budget() -> None:
+    """The recorded input-bound study up to its second trial, then a third that a dead worker left RUNNING:
+    the probes queue a pick, the stale trial is failed and its retry queued behind it. With three trials the
+    budget reads spent once the retry's place counts, and the retry, not the pick, takes that place."""
+    study, knobs = _recorded(INPUT_BOUND_DB, 1)
+    dead = study.ask()
+    study.tell(dead, state=optuna.trial.TrialState.FAIL)
+    study.enqueue_trial({"num_workers": 8}, user_attrs={"predicted_from": "probes"})
+    study.enqueue_trial({"num_workers": 4}, user_attrs={"retry_of": dead.number})
+    view = view_of(study, knobs=knobs, n_trials=3, clock=StudyClock())
+    assert (view.waiting, view.retries, view.finished) == (2, 1, 3)
+    decision = next_action(view)
+    assert decision.action == TRIAL and decision.reason == RETRY_REASON
+    # Without the retry the same records stop: a dead trial's place is not counted twice.
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # the probes' pick, taken off the queue
+    retry = study.ask()
+    assert retry.user_attrs.get("retry_of") == dead.number
+    study.tell(retry, values=[1.0, 0.0])
+    view = view_of(study, knobs=knobs, n_trials=3, clock=StudyClock())
+    assert (view.retries, view.finished) == (0, 3) and next_action(view).action == STOP

@@ -24,8 +24,8 @@ from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
-from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView, first_faster,
-                                     next_action, over_budget_reason, view_of)
+from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, RETRY_REASON, STOP, Decision, StudyView,
+                                     first_faster, next_action, over_budget_reason, view_of)
 from autotune.study._probes import LoaderProbes, drop_queued_predictions, prediction_error
 from autotune.study._progress import _Progress
 from autotune.study._references import References
@@ -135,6 +135,11 @@ class TrialLoop:
             if decision.action == PROBE:
                 self._probe(ui)
                 continue
+            if decision.reason == RETRY_REASON and self.finished_count() + self.view().retries >= self.n_trials:
+                # Optuna runs the oldest queued trial first: a probes' pick queued before the retry would take
+                # the retry's place, so it goes off the queue, saying why.
+                self._drop_queued_predictions(ui, "the trial budget is spent; its last places go to the retries "
+                                                  "of trials whose worker died")
             if self._live_count() >= self.n_trials:
                 ui.status("waiting for the trials other workers are running")
                 time.sleep(2.0)
@@ -161,10 +166,10 @@ class TrialLoop:
                 break
         self._drop_queued_predictions(ui)
 
-    def _drop_queued_predictions(self, ui: _Progress) -> None:
+    def _drop_queued_predictions(self, ui: _Progress, why: str = "") -> None:
         """The search is over here: a trial the probes queued and nobody ran is taken off the queue, saying why."""
-        why = self.budget_note or (f"the study's {self.n_trials} trials were done first"
-                                   if self.finished_count() >= self.n_trials else "the search ended first")
+        why = why or self.budget_note or (f"the study's {self.n_trials} trials were done first"
+                                          if self.finished_count() >= self.n_trials else "the search ended first")
         for number in drop_queued_predictions(self.study, why):
             ui.say(f"  trial {number}, queued by the probes, was not run: {why} (recorded FAIL, status not_run)")
 

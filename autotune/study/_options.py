@@ -145,6 +145,9 @@ class SearchOptions:
         object.__setattr__(self, "prune_below", self.prune_below or None)
 
 
+REFERENCE_LOADERS = ("auto", "prior", "baseline")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AccuracyOptions:
     """How a trial's accuracy is judged against fp32 reference runs.
@@ -160,6 +163,10 @@ class AccuracyOptions:
             size in ``"batch"`` mode; two or more give each reference its noise band.
         fresh_references: Run the fp32 references even where an earlier study of the same target stored
             ones that nothing they depend on has changed since (``_stored``).
+        reference_loader: The DataLoader knobs the fp32 references run with: ``"prior"``, the prior point's
+            (a loader that keeps up with the step, so the references' steps are the step's, and the baseline's
+            own speed is measured in a short run apart); ``"baseline"``, the baseline's; ``"auto"``, the
+            prior's on a GPU and the baseline's on a CPU, whose cores a loader's workers take from the step.
     """
 
     max_accuracy_loss: float = DEFAULT_MAX_ACCURACY_LOSS
@@ -167,12 +174,15 @@ class AccuracyOptions:
     accuracy_reference: str = "baseline"
     reference_repeats: int = 2
     fresh_references: bool = False
+    reference_loader: str = "auto"
 
     def __post_init__(self) -> None:
         if self.metric_direction not in ("maximize", "minimize"):
             raise ValueError("metric_direction must be 'maximize' or 'minimize'")
         if self.accuracy_reference not in ACCURACY_REFERENCES:
             raise ValueError(f"accuracy_reference must be one of {', '.join(ACCURACY_REFERENCES)}")
+        if self.reference_loader not in REFERENCE_LOADERS:
+            raise ValueError(f"reference_loader must be one of {', '.join(REFERENCE_LOADERS)}")
         if self.reference_repeats < 1:
             raise ValueError("reference_repeats must be at least 1")
         if not 0 <= self.max_accuracy_loss < float("inf"):  # nan too: it would leave every trial infeasible

@@ -42,7 +42,8 @@ PLAN = "plan"  # study attribute: the planner's decisions, in order ({"at", "act
 FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial faster than the baseline
 
 REFERENCE, TRIAL, PROBE, STOP = "reference", "trial", "probe", "stop"
-__all__ = ["FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "STOP", "TRIAL", "Decision",
+RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
+__all__ = ["FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP", "TRIAL", "Decision",
            "StudyView", "first_faster", "next_action", "over_budget_reason", "probes_why", "reference_seconds", "step_levers", "view_of"]
 
 
@@ -78,7 +79,9 @@ class StudyView:
         probes: Whether the loop may probe (``--no-probes`` and trainers without ``ctx.loader`` may not).
         probed: Whether ``best``'s loader variants were probed already.
         waiting: Trials queued (WAITING): one that the probes enqueued runs before anything else.
-        finished: Trials that count toward the trial budget.
+        retries: Of those, retries of trials whose worker died: each holds the place its trial took in the
+            trial budget, so it runs even where the budget reads spent.
+        finished: Trials that count toward the trial budget (a queued retry's place among them).
         n_trials: The trial budget.
         usable_seconds: Seconds left for runs (infinite without a budget).
         race_seconds: What the race of the finalists is predicted to need.
@@ -94,6 +97,7 @@ class StudyView:
     probes: bool = True
     probed: bool = False
     waiting: int = 0
+    retries: int = 0
     finished: int = 0
     n_trials: int = 30
     usable_seconds: float = math.inf
@@ -128,11 +132,13 @@ def next_action(view: StudyView) -> Decision:
             why += (f", within its share of the budget ({share:.0f} s of {REFERENCE_SHARE:.0%} for the "
                     f"references): a longer run trains fewer samples, and so does every trial")
         return Decision(REFERENCE, why, seconds=share)
-    if view.finished >= view.n_trials:
+    if view.finished >= view.n_trials and not view.retries:
         return Decision(STOP, f"the trial budget of {view.n_trials} is spent")
     if view.usable_seconds < MIN_RUN_S + view.race_seconds:
         return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
                               f"the finalists needs {view.race_seconds:.0f} s")
+    if view.retries:
+        return Decision(TRIAL, RETRY_REASON)
     if view.waiting:
         return Decision(TRIAL, "a queued trial runs next (the probes' pick, or a retry)")
     best = view.best
@@ -173,12 +179,14 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
     full = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             and t.user_attrs.get("role") != "reference" and "config" in t.user_attrs
             and t.user_attrs.get("status") not in NOT_RUN]
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    retries = sum(1 for t in waiting if "retry_of" in t.user_attrs)
     return StudyView(
         references_done=references_done, reference_repeats=reference_repeats, full_trials=len(full), best=attrs,
         best_is_reference=attrs is not None and attrs.get("role") == "reference", step_levers=step_levers(knobs),
         probes=probes, probed=best is not None and probed(best),
-        waiting=len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))),
-        finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))), n_trials=n_trials,
+        waiting=len(waiting), retries=retries,
+        finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))) + retries, n_trials=n_trials,
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import optuna
 
-from autotune._config import Budget, Measurement, TrialConfig, TrialOutcome, bin_means
+from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome, bin_means
 from autotune._errors import StudyError, WorkloadError
 from autotune._records import (
     BATCH_REFERENCE,
@@ -31,6 +31,7 @@ from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
 
 CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
+SPEED_WINDOW_STEPS = 2  # optimizer steps in each timed window of the baseline's speed run
 TRIAL_BUDGET = "trial_budget"  # study attribute: the length every run trains (the references' shortened one)
 
 
@@ -59,11 +60,12 @@ class References:
     """
 
     def __init__(self, *, options: AccuracyOptions, runner: TrialRunner, seed: int,
-                 clock: Optional[StudyClock] = None) -> None:
+                 clock: Optional[StudyClock] = None, loader: Optional[dict[str, Any]] = None) -> None:
         self.options = options
         self.runner = runner
         self.seed = seed
         self.clock = clock or StudyClock()
+        self.loader = dict(loader or {})
 
     @property
     def _baseline(self) -> TrialConfig:
@@ -71,8 +73,22 @@ class References:
 
     @property
     def fp32_baseline(self) -> TrialConfig:
-        """The config the references run: the runner's baseline in fp32."""
+        """The baseline in fp32: what the speed-up divides by."""
         return self._baseline
+
+    def _reference_of(self, config: TrialConfig) -> TrialConfig:
+        """The config an fp32 reference runs for ``config`` (fp32): its DataLoader's knobs ``loader``'s.
+
+        Loader knobs change no step a script trains through ``ctx.loader`` (its order is seeded), only how
+        fast the steps come, so the references run with a loader that keeps up (the prior point's): within
+        their share of a budget they then train as many samples as the step allows, not as the baseline's
+        loader allows, and the prior point's batches are the references' even where a Dataset draws its
+        augmentation from the global generator. The baseline's own speed is measured apart
+        (``_baseline_speed``).
+        """
+        if not self.loader or config.loader != "torch":
+            return config
+        return config.replace(**{k: v for k, v in self.loader.items() if k in TORCH_LOADER_KNOBS})
 
     def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False) -> dict[str, Any]:
         """Train the baseline in fp32 once per seed: baseline throughput, the reference band and metric.
@@ -90,7 +106,7 @@ class References:
         """
         started = time.perf_counter()
         share = reference_seconds(self.clock.budget_seconds, self.options.reference_repeats)
-        config, runs = self._runs(self._baseline, "reference", "", ui, first_seconds=share,
+        config, runs = self._runs(self._reference_of(self._baseline), "reference", "", ui, first_seconds=share,
                                   adopt_script_batch=adopt_script_batch)
         measurements = []
         for workdir, outcome in runs:
@@ -109,9 +125,11 @@ class References:
             measurements.append(outcome.measurement)
         metrics = [m.metric for m in measurements]
         band = ReferenceBand.of_measurements(measurements)  # the first seed's full trajectory, for pairing
+        baseline, speed = self._baseline_speed(config, measurements[0], ui)
         return {
-            "baseline_config": config.to_dict(),
-            "baseline_throughput": measurements[0].throughput,
+            "baseline_config": baseline.to_dict(),
+            **({"reference_config": config.to_dict(), "baseline_speed": speed} if speed else {}),
+            "baseline_throughput": speed["throughput"] if speed else measurements[0].throughput,
             "reference_metric": metrics[0],
             "reference_metrics": metrics,
             "reference_throughputs": [m.throughput for m in measurements],
@@ -124,6 +142,41 @@ class References:
             TRIAL_BUDGET: trial_budget_record(self.runner.budget),
             "references_shortened": measurements[0].extras.get("shortened"),
         }
+
+    def _baseline_speed(self, ran: TrialConfig, first: Measurement,
+                        ui: _Progress) -> tuple[TrialConfig, Optional[dict[str, Any]]]:
+        """The baseline that the references ran for, and its own speed when they ran with another loader
+        (``_reference_of``): a short speed-only run of it (warm-up and timed windows, as a race run), or
+        None where its loader is the references' or the script builds no ``ctx.loader`` (the knobs then
+        changed nothing, so the references' speed is the baseline's).
+
+        Raises:
+            WorkloadError: the baseline's speed run failed where its reference ran.
+        """
+        baseline = ran.replace(num_workers=self._baseline.num_workers, pin_memory=self._baseline.pin_memory,
+                               prefetch_factor=self._baseline.prefetch_factor,
+                               persistent_workers=self._baseline.persistent_workers)
+        if baseline == ran or not first.extras.get("loader_built"):
+            return baseline, None
+        ui.status(f"the baseline's own speed: {baseline.describe()} (its loader; the references ran with "
+                  f"{_loader_words(ran)})")
+        # Windows of a few steps each: a speed run, not evidence (the race measures it again, interleaved).
+        full = self.runner.budget
+        steps = -(-full.warmup_steps // max(1, baseline.accumulation_steps)) + full.windows * SPEED_WINDOW_STEPS + 1
+        budget = dataclasses.replace(full, samples=min(full.samples, steps * baseline.global_batch_size),
+                                     seconds=None, schedule_samples=full.scheduled)
+        started = time.perf_counter()
+        outcome = self.runner.run(baseline, "baseline-speed", seed=self.seed, budget=budget,
+                                  timeout=self.clock.cap(self.runner.timeout))
+        if not outcome.ok or outcome.measurement is None:
+            raise WorkloadError(
+                f"the baseline's speed run failed ({outcome.status}: {outcome.error or 'no detail'}) where its fp32 "
+                f"reference with {_loader_words(ran)} ran; see {self.runner.logdir / 'baseline-speed' / 'trial.log'}")
+        m = outcome.measurement
+        return baseline, {"throughput": m.throughput, "spread": m.spread, "window_throughputs": list(m.window_throughputs),
+                          "data_wait_fraction": m.data_wait_fraction, "samples": budget.samples,
+                          "seconds": round(time.perf_counter() - started, 3),
+                          "wall_seconds": round(outcome.wall_seconds, 3)}
 
     def _runs(self, config: TrialConfig, workdir: str, where: str, ui: _Progress, *,
               first_seconds: Optional[float] = None,
@@ -182,7 +235,7 @@ class References:
                 or f"{BATCH_REFERENCE_BAND}{batch}" in study.user_attrs):
             return 0.0
         started = time.perf_counter()
-        reference = self._baseline.replace(batch_size=batch, global_batch=None)
+        reference = self._reference_of(self._baseline.replace(batch_size=batch, global_batch=None))
         _, runs = self._runs(reference, f"reference-batch-{batch}/seed", f" at global batch {batch}", ui)
         measurements = [o.measurement for _, o in runs if o.ok and o.measurement is not None]
         if len(measurements) < len(runs) or not measurements:
@@ -272,6 +325,10 @@ def _half_micro_batch(config: TrialConfig) -> Optional[TrialConfig]:
     if half < 8 or half % 8 or total % half:
         return None
     return config.replace(batch_size=half, global_batch=total)
+
+
+def _loader_words(config: TrialConfig) -> str:
+    return f"{config.num_workers} workers" + (", pinned memory" if config.pin_memory else "")
 
 
 def _curve(m: Measurement) -> list[float]:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import optuna
 
 from autotune import hardware as _hardware
-from autotune._config import Measurement, Result, TrialConfig
+from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig
 from autotune._errors import AutotuneError, SpaceError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
 from autotune._target import local_modules, target_digest, target_file, target_of
@@ -371,10 +371,22 @@ class Tuner:
         return (self.options.study.mode != "join" and self.options.search.batch_size is None
                 and self._batch_settled(space) is None)
 
+    def _reference_loader(self, space: _space.SearchSpace, caps: _hardware.Capabilities) -> dict[str, Any]:
+        """The DataLoader knobs the fp32 references run with (``AccuracyOptions.reference_loader``): the prior
+        point's, or none (the baseline's)."""
+        choice = self.options.accuracy.reference_loader
+        if choice == "baseline" or (choice == "auto" and not caps.cuda):
+            return {}
+        prior = GuidedSampler(search_space=space.distributions(), priors=None if caps.cuda else CPU_PRIORS,
+                              canonical=space.asked_params).prior_point()
+        return {k: prior[k] for k in TORCH_LOADER_KNOBS if k in prior}
+
     def _reference_key(self, space: _space.SearchSpace, caps: _hardware.Capabilities) -> Optional[str]:
         """What determines the fp32 references, hashed (``_stored.reference_key``); None when the target's
         source cannot be read (then nothing is reused)."""
-        return reference_key(target=self.target, baseline=space.baseline.replace(precision="fp32").to_dict(),
+        loader = self._reference_loader(space, caps)
+        return reference_key(target=self.target, baseline={**space.baseline.replace(precision="fp32").to_dict(),
+                                                           **({"reference_loader": loader} if loader else {})},
                              budget=space.budget, seed=self.options.study.seed,
                              repeats=self.options.accuracy.reference_repeats,
                              adopt_script_batch=self._may_adopt_script_batch(space), caps=caps,
@@ -435,8 +447,9 @@ class Tuner:
         if first is not None:
             ui.end_trial(first)
             return
-        config = TrialConfig.from_dict(reference["baseline_config"]).describe()
-        ui.say(f"  {'-':<4} {'ref':<7} {reference['baseline_throughput']:>10,.1f}/s  {config}  "
+        config = TrialConfig.from_dict(_reference_config(reference)).describe()
+        rate = Measurement.from_dict(reference["reference_measurement"]).throughput
+        ui.say(f"  {'-':<4} {'ref':<7} {rate:>10,.1f}/s  {config}  "
                "[the fp32 reference run: the baseline, not a point of the space]")
 
     def _stored_model_restriction(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
@@ -460,7 +473,7 @@ class Tuner:
         Skipped when the baseline is not a point of the space (a value outside a knob's choices, or a
         fixed knob set otherwise), because the sampler could not place it among the other trials.
         """
-        baseline = TrialConfig.from_dict(reference["baseline_config"])
+        baseline = TrialConfig.from_dict(_reference_config(reference))
         asker = _BaselineAsker(baseline)
         if space.sample(asker) != baseline or asker.outside:
             return  # not a point of the space: the sampler could not place it
@@ -575,7 +588,7 @@ class Tuner:
         if study is not None:  # a resume or a joining worker trains the length its references trained
             runner.budget = apply_trial_budget(runner.budget, study.user_attrs.get(TRIAL_BUDGET))
         references = self._references = References(options=opts.accuracy, runner=runner, seed=opts.study.seed,
-                                                   clock=clock)
+                                                   clock=clock, loader=self._reference_loader(space, caps))
         # The trial server's start (a torch import: seconds) is setup, not the first reference run's wall time,
         # which the cost model reads as what a run of the baseline costs.
         start_trial_server()
@@ -845,3 +858,8 @@ class _BaselineAsker:
         value = getattr(self.baseline, name)
         on_grid = step is None or abs(round((value - low) / step) * step - (value - low)) < 1e-9
         return self._answer(name, isinstance(value, float) and low <= value <= high and on_grid)
+
+
+def _reference_config(reference: dict[str, Any]) -> dict[str, Any]:
+    """The config the first fp32 reference ran: the baseline's, or with the references' own loader knobs."""
+    return reference.get("reference_config") or reference["baseline_config"]

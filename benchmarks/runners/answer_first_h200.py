@@ -63,7 +63,9 @@ def run(spec: str, out: Path, root: Path) -> dict[str, Any]:
                                           "confirmed", "time_split", "accuracy_verdict", "time_to_first_faster",
                                           "evidence_length")},
         "study": study_attrs(studies / "autotune.db", study, ("plan", "probes", "first_faster", "trial_budget",
-                                                              "references_shortened", "references_reused")),
+                                                              "references_shortened", "references_reused",
+                                                              "baseline_speed", "reference_config",
+                                                              "baseline_throughput")),
         "trials": trials(studies / "autotune.db", study),
     }
     for probe in record["study"].get("probes") or []:
