@@ -173,6 +173,9 @@ class References:
                 f"the baseline's speed run failed ({outcome.status}: {outcome.error or 'no detail'}) where its fp32 "
                 f"reference with {_loader_words(ran)} ran; see {self.runner.logdir / 'baseline-speed' / 'trial.log'}")
         m = outcome.measurement
+        ui.say(f"  the fp32 references ran with {_loader_words(ran)} (the prior point's loader: their steps come as "
+               f"fast as the step allows); the baseline's own speed, {m.throughput:,.1f}/s, timed apart in "
+               f"{time.perf_counter() - started:.0f} s")
         return baseline, {"throughput": m.throughput, "spread": m.spread, "window_throughputs": list(m.window_throughputs),
                           "data_wait_fraction": m.data_wait_fraction, "samples": budget.samples,
                           "seconds": round(time.perf_counter() - started, 3),
