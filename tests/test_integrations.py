@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import Budget, MissingExtraError, TrialConfig
+from autotune import Budget, MissingExtraError, TrialConfig, load_best
 from autotune.cli import main, print_summary
 from autotune.hardware import Capabilities
 from autotune.integrations import _common
@@ -283,6 +283,38 @@ def test_the_adapters_tune_prints_the_clis_summary_and_keeps_a_baseline_nothing_
         assert arguments["dataloader_num_workers"] == workload.ARGS.dataloader_num_workers
     with pytest.raises(TypeError, match="did you mean 'study_name'"):
         tuned_transformers.tune(f"{workload.WORKLOAD}:train", args=workload.ARGS, study_nme="x")
+
+
+def test_a_trainer_study_where_nothing_beat_the_baseline_offers_nothing_slower_on_any_route(
+        tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture) -> None:
+    """A real Trainer whose only other config (two DataLoader workers) is measured clearly slower, as the
+    issue's 0.44x config was: the summary, ``autotune best`` (text and JSON), ``best_config.json``,
+    ``load_best``, ``Result.best_config`` and ``training_arguments`` all keep the script's own arguments."""
+    import integration_hf
+
+    target = f"{integration_hf.WORKLOAD}:train_slow_in_workers"
+    workers = {"precision": "fp32", "batch_size": 16, "compile": "off", "num_workers": 2, "persistent_workers": False}
+    study, result = _study(tmp_path_factory.mktemp("hf-slower"), tuned_transformers.tune, target, HF_SPACE, [workers],
+                           args=integration_hf.ARGS)
+    slower = next(t for t in study.trials if t.params.get("num_workers") == 2 and t.user_attrs.get("status") == "ok")
+    assert slower.user_attrs["throughput"] < 0.8 * result.baseline_throughput, slower.user_attrs["throughput"]
+    assert not result.faster and result.keep_baseline and result.best_config == result.baseline
+    arguments = tuned_transformers.training_arguments(result.best_config, integration_hf.ARGS, cuda=False)
+    assert arguments["dataloader_num_workers"] == integration_hf.ARGS.dataloader_num_workers == 0
+    assert arguments["per_device_train_batch_size"] == integration_hf.ARGS.per_device_train_batch_size
+    said = SAID[target]
+    assert "keep the baseline" in said and "Paste into " not in said, said
+    studies = Path(result.best_config_path).parent.parent
+    storage = f"sqlite:///{studies.parent}/studies.db"
+    assert main(["best", "adapter", "--studies-dir", str(studies), "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert "keep the baseline" in out and "paste into" not in out.lower() and "dataloader_num_workers=2" not in out, out
+    assert main(["best", "adapter", "--studies-dir", str(studies), "--storage", storage, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["keep_baseline"] and doc.get("paste") is None
+    saved = json.loads(Path(result.best_config_path).read_text())
+    assert saved["keep_baseline"] and saved["faster"] is False
+    assert load_best(result.best_config_path) == result.baseline
 
 
 def test_the_pasteable_arguments_of_a_config() -> None:

@@ -15,6 +15,7 @@ routes alike.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -280,3 +281,27 @@ def test_the_summary_says_when_the_baseline_is_not_the_scripts_trainer_arguments
     assert _other_baseline(doc, baseline) == "optimizer_impl=fused"
     assert _other_baseline(doc, baseline.replace(optimizer_impl="fused")) == ""
     assert _other_baseline({"measurement": {}}, baseline) == ""
+
+
+def test_a_real_noisy_study_says_each_thing_once_and_as_best_config_json_does(tmp_path: Path, capsys,
+                                                                              monkeypatch) -> None:
+    """Defect 5 through a real study: a pick twice the baseline's speed, the baseline's race runs 40% apart
+    (a noisy machine). The summary says noisy once, the speed-up once, a rounded reference metric, and what
+    confirmed the pick in the words ``best_config.json`` uses."""
+    (tmp_path / "space.yaml").write_text(SPACE)
+    # The baseline's first two runs are its fp32 references; the race's runs of it follow, 40% apart.
+    env = _replay(tmp_path, {"base": 100.0, "slower": 90.0, "other": 200.0}, {"base": [1.0, 1.0, 1.0, 0.6, 1.0]})
+    _tune(tmp_path, monkeypatch, env, "--space", "space.yaml", "--study", "noisy", "--trials", "3",
+          "--prune-below", "0", "--top-k", "2")
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "studies" / "noisy" / "best_config.json").read_text())
+    assert doc["faster"] and doc["speedup_spread"]["basis"] == "alternation" and doc["confirmed"]["confirmed"]
+    verdict = next(line for line in out.splitlines() if line.startswith("Verdict: "))
+    low, high = doc["speedup_spread"]["low"], doc["speedup_spread"]["high"]
+    assert verdict.startswith(f"Verdict: {low:.2f}x to {high:.2f}x faster than the baseline (the machine was noisy"), verdict
+    assert verdict.count(f"{high:.2f}x") == 1, verdict  # the range once (before: again inside the parentheses)
+    assert out.count("the machine was noisy") + out.count("a noisy machine") == 1, out
+    assert "single runs" not in out, out  # the speed-up is the race's, as best_config.json's basis says
+    metric = next((line for line in out.splitlines() if "Reference metric" in line), "")
+    assert not re.search(r"\d\.\d{6,}", metric), metric
+    assert doc["accuracy_check"]["blind"] is False or "blind" in out

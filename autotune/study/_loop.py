@@ -116,6 +116,7 @@ class TrialLoop:
         self._config: Optional[TrialConfig] = None  # the running trial's, for its record if it is interrupted
         self._outcome: Optional[TrialOutcome] = None
         self._infra_error = ""  # the last infrastructure failure's, for the line that stops the run
+        self._view: Optional[StudyView] = None  # what the last decision read
 
     def run(self, ui: _Progress) -> None:
         """Run what the planner says next (``_planner.next_action``) until it says stop, or the timeout or
@@ -135,7 +136,7 @@ class TrialLoop:
             if decision.action == PROBE:
                 self._probe(ui)
                 continue
-            if decision.reason == RETRY_REASON and self.finished_count() + self.view().retries >= self.n_trials:
+            if decision.reason == RETRY_REASON and self._view is not None and self._view.finished >= self.n_trials:
                 # Optuna runs the oldest queued trial first: a probes' pick queued before the retry would take
                 # the retry's place, so it goes off the queue, saying why.
                 self._drop_queued_predictions(ui, "the trial budget is spent; its last places go to the retries "
@@ -185,7 +186,8 @@ class TrialLoop:
 
     def decide(self) -> Decision:
         """The planner's next action for this study, recorded in ``PLAN`` when it is a new one."""
-        decision = next_action(self.view())
+        view = self._view = self.view()
+        decision = next_action(view)
         record = {**decision.to_dict(), "at": round(self.clock.elapsed(), 1)}
         plan = self.study.user_attrs.get(PLAN) or []
         last = plan[-1] if plan else {}

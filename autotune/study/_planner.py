@@ -180,7 +180,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
             and t.user_attrs.get("role") != "reference" and "config" in t.user_attrs
             and t.user_attrs.get("status") not in NOT_RUN]
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    retries = sum(1 for t in waiting if "retry_of" in t.user_attrs)
+    # Ours carry ``retry_of``; Optuna's heartbeat callback's, ``failed_trial`` among the system attributes.
+    retries = sum(1 for t in waiting if "retry_of" in t.user_attrs or "failed_trial" in t.system_attrs)
     return StudyView(
         references_done=references_done, reference_repeats=reference_repeats, full_trials=len(full), best=attrs,
         best_is_reference=attrs is not None and attrs.get("role") == "reference", step_levers=step_levers(knobs),

@@ -153,9 +153,7 @@ class References:
         Raises:
             WorkloadError: the baseline's speed run failed where its reference ran.
         """
-        baseline = ran.replace(num_workers=self._baseline.num_workers, pin_memory=self._baseline.pin_memory,
-                               prefetch_factor=self._baseline.prefetch_factor,
-                               persistent_workers=self._baseline.persistent_workers)
+        baseline = ran.replace(**{k: getattr(self._baseline, k) for k in TORCH_LOADER_KNOBS})
         if baseline == ran or not first.extras.get("loader_built"):
             return baseline, None
         ui.status(f"the baseline's own speed: {baseline.describe()} (its loader; the references ran with "
@@ -176,7 +174,8 @@ class References:
         ui.say(f"  the fp32 references ran with {_loader_words(ran)} (the prior point's loader: their steps come as "
                f"fast as the step allows); the baseline's own speed, {m.throughput:,.1f}/s, timed apart in "
                f"{time.perf_counter() - started:.0f} s")
-        return baseline, {"throughput": m.throughput, "spread": m.spread, "window_throughputs": list(m.window_throughputs),
+        return baseline, {"throughput": m.throughput, "spread": m.spread,
+                          "window_throughputs": list(m.window_throughputs),
                           "data_wait_fraction": m.data_wait_fraction, "samples": budget.samples,
                           "seconds": round(time.perf_counter() - started, 3),
                           "wall_seconds": round(outcome.wall_seconds, 3)}
