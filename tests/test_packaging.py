@@ -100,3 +100,18 @@ def test_spaces_with_no_builtin_space_found_is_a_one_line_error(installed: Path,
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("autotune: error: no built-in search spaces"), proc.stderr
     assert proc.stdout == ""
+
+
+def test_python_m_autotune_above_a_clone_named_autotune_says_so_in_one_line(wheel: Path, tmp_path: Path) -> None:
+    """A clone of the repository in a folder named ``autotune``, Python started in its parent: ``python -m
+    autotune`` takes the clone's folder for the package and runs the clone's root ``__main__.py``, which says
+    so in one line (before: a traceback, ``cannot import name '__version__' from 'autotune'``). The wheel
+    leaves that file out."""
+    clone = tmp_path / "autotune"
+    clone.mkdir()
+    shutil.copy2(REPO / "__main__.py", clone / "__main__.py")
+    proc = subprocess.run([sys.executable, "-m", "autotune", "--version"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "is a clone of autotune's repository" in proc.stderr, proc.stderr
+    assert "__main__.py" not in zipfile.ZipFile(wheel).namelist()
