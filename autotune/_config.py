@@ -622,6 +622,15 @@ class Result:
         return f"its {self.speedup:.2f}x is inside the measured spread ({self.spread_text})"
 
 
+def script_baseline_differences(declared: dict[str, Any], baseline: TrialConfig) -> dict[str, Any]:
+    """The knobs where what a script's own arguments train with (``declared``, recorded by an adapter's trial
+    as ``script_baseline``) differ from ``baseline``, the batch as the global batch; empty when they agree."""
+    differ = {k: v for k, v in declared.items() if hasattr(baseline, k) and k != "batch_size" and getattr(baseline, k) != v}
+    if declared.get("batch_size") and declared["batch_size"] != baseline.global_batch_size:
+        differ = {"batch_size": declared["batch_size"], **differ}
+    return differ
+
+
 def alloc_conf_with(current: str, setting: str) -> str:
     """``PYTORCH_CUDA_ALLOC_CONF``'s value ``current`` with ``setting`` (``key:value``) in place of its key's entry."""
     key = setting.partition(":")[0]

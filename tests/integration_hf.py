@@ -109,3 +109,11 @@ def build_slow_in_workers(args):
 
 def train_slow_in_workers(ctx) -> None:
     tuned.run_trainer(ctx, build_slow_in_workers, ARGS)
+
+
+# A script whose own TrainingArguments differ from the test space's baseline (one DataLoader worker).
+OWN_ARGS = dataclasses.replace(ARGS, dataloader_num_workers=1)
+
+
+def train_own_arguments(ctx) -> None:
+    tuned.run_trainer(ctx, hf_trainer.build_trainer, OWN_ARGS)

@@ -317,6 +317,40 @@ def test_a_trainer_study_where_nothing_beat_the_baseline_offers_nothing_slower_o
     assert load_best(result.best_config_path) == result.baseline
 
 
+def test_from_the_shell_a_trainer_script_gets_the_baseline_its_own_arguments_state(tmp_path: Path, capsys,
+                                                                                   monkeypatch) -> None:
+    """One baseline for one script: from the shell, the study's baseline is what the script's TrainingArguments
+    train with (one DataLoader worker here, where the space's baseline has none), as ``tune(args=...)`` states
+    it from Python; the references run at it, and the summary has no other baseline to warn of. A resume keeps
+    it."""
+    import integration_hf
+
+    space = tmp_path / "space.yaml"
+    space.write_text(HF_SPACE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    monkeypatch.setenv("COLUMNS", "400")
+    args = ["tune", f"{integration_hf.WORKLOAD}:train_own_arguments", "--space", str(space), "--study", "own",
+            "--top-k", "0", "--prune-below", "0", "--no-plots", "--studies-dir", str(tmp_path / "studies")]
+    assert main([*args, "--trials", "1"]) == 0
+    out = capsys.readouterr().out
+    python_route = tuned_transformers.baseline(integration_hf.OWN_ARGS, cuda=False)
+    doc = json.loads((tmp_path / "studies" / "own" / "best_config.json").read_text())
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    assert all(getattr(baseline, k) == v for k, v in python_route.items()), (baseline, python_route)
+    assert baseline.num_workers == 1
+    study = optuna.load_study(study_name="own", storage=f"sqlite:///{tmp_path}/studies/autotune.db")
+    reference = next(t for t in study.trials if t.user_attrs.get("role") == "reference")
+    assert reference.user_attrs["config"]["num_workers"] == 1  # the references ran at the script's arguments
+    assert "Baseline fp32 bs16 workers=1: from the script's own arguments (num_workers=1)" in out, out
+    assert "is not what your script's arguments train with" not in out
+    assert main([*args, "--trials", "2"]) == 0  # a resume: the same baseline, no reference runs again
+    capsys.readouterr()
+    study = optuna.load_study(study_name="own", storage=f"sqlite:///{tmp_path}/studies/autotune.db")
+    assert TrialConfig.from_dict(study.user_attrs["baseline_config"]).num_workers == 1
+    assert len([t for t in study.trials if t.user_attrs.get("role") == "reference"]) == 1
+
+
 def test_the_pasteable_arguments_of_a_config() -> None:
     config = TrialConfig(precision="bf16", batch_size=16, compile="max-autotune", num_workers=4, pin_memory=True,
                          persistent_workers=True, activation_checkpointing=True, optimizer_impl="fused",

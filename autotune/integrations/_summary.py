@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from autotune._config import NO_FASTER_CONFIG, Result
+from autotune._config import NO_FASTER_CONFIG, Result, script_baseline_differences
 from autotune._errors import printable
 
 def _document(result: Any) -> dict[str, Any]:
@@ -40,10 +40,7 @@ def run_and_summarize(tuner: Any, *, summary: bool = True) -> Result:
 def _other_baseline(doc: dict[str, Any], baseline: Any) -> str:
     """The knobs, as ``knob=value,...``, where the script's own trainer arguments (recorded by the trial as
     ``script_baseline``) differ from the study's baseline; "" when they agree or were not recorded."""
-    stated = (doc.get("measurement") or {}).get("extra:script_baseline") or {}
-    differ = {k: v for k, v in stated.items() if hasattr(baseline, k) and k != "batch_size" and getattr(baseline, k) != v}
-    if stated.get("batch_size") and stated["batch_size"] != baseline.global_batch_size:
-        differ = {"batch_size": stated["batch_size"], **differ}
+    differ = script_baseline_differences((doc.get("measurement") or {}).get("extra:script_baseline") or {}, baseline)
     return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in differ.items())
 
 

@@ -125,7 +125,7 @@ class References:
             measurements.append(outcome.measurement)
         metrics = [m.metric for m in measurements]
         band = ReferenceBand.of_measurements(measurements)  # the first seed's full trajectory, for pairing
-        baseline, speed = self._baseline_speed(config, measurements[0], ui)
+        baseline, speed = self._baseline_speed(config, ui)
         return {
             "baseline_config": baseline.to_dict(),
             **({"reference_config": config.to_dict(), "baseline_speed": speed} if speed else {}),
@@ -143,18 +143,18 @@ class References:
             "references_shortened": measurements[0].extras.get("shortened"),
         }
 
-    def _baseline_speed(self, ran: TrialConfig, first: Measurement,
-                        ui: _Progress) -> tuple[TrialConfig, Optional[dict[str, Any]]]:
+    def _baseline_speed(self, ran: TrialConfig, ui: _Progress) -> tuple[TrialConfig, Optional[dict[str, Any]]]:
         """The baseline that the references ran for, and its own speed when they ran with another loader
         (``_reference_of``): a short speed-only run of it (warm-up and timed windows, as a race run), or
-        None where its loader is the references' or the script builds no ``ctx.loader`` (the knobs then
-        changed nothing, so the references' speed is the baseline's).
+        None where its loader is the references'. The run is made whether or not the script builds a
+        ``ctx.loader``: an adapter hands the knobs to its trainer's own DataLoader, so no run can tell that
+        they changed nothing.
 
         Raises:
             WorkloadError: the baseline's speed run failed where its reference ran.
         """
         baseline = ran.replace(**{k: getattr(self._baseline, k) for k in TORCH_LOADER_KNOBS})
-        if baseline == ran or not first.extras.get("loader_built"):
+        if baseline == ran:
             return baseline, None
         ui.status(f"the baseline's own speed: {baseline.describe()} (its loader; the references ran with "
                   f"{_loader_words(ran)})")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import optuna
 
 from autotune import hardware as _hardware
-from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig
+from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig, script_baseline_differences
 from autotune._errors import AutotuneError, SpaceError, StudyError
 from autotune._records import COLOCATION, study_dir, summarize_study
 from autotune._target import local_modules, target_digest, target_file, target_of
@@ -50,6 +50,7 @@ CREATING = "creating"
 CREATION_DONE = "creation_done"
 CREATION_WAIT_SECONDS = 120.0
 SCRIPT_BATCH = "script_batch_adopted"  # the global batch adopted from the script's ctx.loader(batch_size=)
+SCRIPT_BASELINE = "script_baseline_adopted"  # the knobs adopted from the script's own arguments (an adapter's)
 TARGET_MODULES = "target_modules_sha256"  # of the user's modules the target imports: path -> sha256
 TARGET_DIGEST = "target_sha256"  # of the target's source file when the study was created  # how long a live creator on this host is waited for
 # Where a CPU run starts: bf16 is slower than fp32 on CPUs without bf16 matrix units, and compiling
@@ -83,6 +84,7 @@ class Tuner:
         self._resumed_trials = 0  # a resumed study reseeds its sampler, so it does not replay old proposals
         self._compile_plan: Optional[_compile.CompilePlan] = None
         self._baseline_source = ""  # where the baseline came from: the space's YAML, or baseline= (--baseline)
+        self._script_knobs: dict[str, Any] = {}  # the baseline's knobs adopted from the script's own arguments
         self._batch_source = ""  # where the global batch came from: --batch-size, --baseline, the space, the script
 
     # -- setup -----------------------------------------------------------------------------------
@@ -140,6 +142,42 @@ class Tuner:
             self._batch_source += f" (the script's ctx.loader says batch_size={script}: the stated one is kept)"
             return None
         return self._with_global_batch(space, script, f"the script's ctx.loader(batch_size={script})")
+
+    def _script_baseline(self, space: _space.SearchSpace,
+                         reference: dict[str, Any]) -> Optional[tuple[_space.SearchSpace, bool]]:
+        """The space whose baseline is what the script's own arguments train with (an adapter's trial records
+        them as ``script_baseline``: a Trainer's ``TrainingArguments``), and whether the references must run
+        again at it; None where they agree, nothing was recorded, or a baseline was stated (``--baseline``,
+        the adapter's ``tune(args=...)``). So the route from the shell measures the baseline that the Python
+        route states. The precision stays fp32 (the references are fp32), and the batch the space's: an
+        adapter refuses a global batch other than its arguments' in one line naming ``--baseline``."""
+        extras = (reference.get("reference_measurement") or {}).get("extras") or {}
+        declared = extras.get("script_baseline")
+        if not isinstance(declared, dict) or self._stated_baseline():
+            return None
+        declared = {k: v for k, v in declared.items() if k not in ("precision", "batch_size")}
+        differ = script_baseline_differences(declared, space.baseline)
+        if not differ:
+            return None
+        where = "the script's own arguments"
+        try:
+            adopted = space.with_baseline(differ, where=where)
+        except SpaceError as exc:
+            print(f"autotune: warning: {exc}; the space's baseline is kept", file=sys.stderr, flush=True)
+            return None
+        self._script_knobs = differ
+        self._baseline_source = f"{where} ({_space.format_baseline(differ)}), the other knobs from {self._baseline_source}"
+        ran = TrialConfig.from_dict(reference["baseline_config"])  # reused references may have run at it already
+        return adopted, bool(script_baseline_differences(differ, ran))
+
+    def _stored_script_baseline(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
+        """A resumed study keeps the baseline its reference adopted from the script's own arguments."""
+        if not study_exists(storage, self.study_name) or self._stated_baseline():
+            return space
+        adopted = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs.get(SCRIPT_BASELINE)
+        if not isinstance(adopted, dict) or not adopted:
+            return space
+        return space.with_baseline(adopted, where="the script's own arguments")
 
     def _stored_script_batch(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
         """A resumed study keeps the batch its reference adopted from the script."""
@@ -335,6 +373,7 @@ class Tuner:
             "baseline_source": f"{self._baseline_source}; the global batch from {self._batch_source}",
             "global_batch_source": self._batch_source,
             SCRIPT_BATCH: space.baseline.global_batch_size if self._batch_source.startswith("the script's") else None,
+            SCRIPT_BASELINE: self._script_knobs or None,
             "space": space.to_dict(),
             "space_fingerprint": space.fingerprint,
             "removed_knobs": space.removed,
@@ -577,6 +616,7 @@ class Tuner:
             space, mps = self._open_mps(space, cleanup)
             self._check_stated_baseline(space)
             space = self._stored_script_batch(storage, space)
+            space = self._stored_script_baseline(storage, space)
             space = self._stored_compile_plan(storage, space)
             space = self._stored_model_restriction(storage, space)
             study = self._load_existing(storage, space)
@@ -598,6 +638,7 @@ class Tuner:
                 with self._reference_lock(runner, ui) as locked:
                     if locked and mode != "join":  # another process may have made the study while this one waited
                         space = self._stored_script_batch(storage, space)
+                        space = self._stored_script_baseline(storage, space)
                         space = self._stored_compile_plan(storage, space)
                         space = self._stored_model_restriction(storage, space)
                         study = self._load_existing(storage, space)
@@ -622,6 +663,16 @@ class Tuner:
                                 else:  # the script read a length before ctx.loader: the batch could not change
                                     ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
                                            "(ctx.loader): the baseline's batch; its reference runs again")
+                                    runner.budget = space.budget
+                                    reference = references.baseline(ui)
+                            declared = self._script_baseline(space, reference) if mode != "join" else None
+                            if declared is not None:  # one baseline for one script, from the shell too
+                                space, rerun = declared
+                                runner.baseline = space.baseline
+                                if rerun:
+                                    ui.say(f"  the script's own arguments train with {space.baseline.describe()}: the "
+                                           "baseline; its fp32 references run again at it (--baseline states it "
+                                           "before they run)")
                                     runner.budget = space.budget
                                     reference = references.baseline(ui)
                             self._store_references(space, caps, reference)
