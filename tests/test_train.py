@@ -104,8 +104,9 @@ FP32 = ONE_THREAD.replace(batch_size=64)
 BF16 = FP32.replace(precision="bf16")
 
 
-def test_compare_says_the_pick_drifts_on_planted_harm() -> None:
-    """bf16 through the planted offset loses the hidden activations: its curve leaves fp32's (paired)."""
+def test_compare_says_the_pick_drifts_on_planted_harm(tmp_path: Path) -> None:
+    """bf16 through the planted offset loses the hidden activations: its curve leaves fp32's (paired), and
+    ``autotune train --compare`` says so."""
     length = RunLength(steps=96)
     fn = planted.train_harmed
     baseline = run_once(fn, FP32, length, label="baseline")
@@ -113,6 +114,16 @@ def test_compare_says_the_pick_drifts_on_planted_harm() -> None:
     comparison = compare_runs(pick, baseline)
     assert comparison["accuracy"] == "drifts", comparison["evidence"]
     assert comparison["evidence"].startswith("paired") and "contradicts" in comparison["accuracy_what"]
+    # The same through the command a user runs.
+    path = _config_file(tmp_path, BF16, throughput=5000.0, baseline=FP32)
+    proc = subprocess.run([sys.executable, "-m", "autotune", "train", f"{planted.__file__}:train_harmed",
+                           "--config", str(path), "--steps", "96", "--compare", "--out", str(tmp_path),
+                           "--no-progress"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads((tmp_path / "train.json").read_text())["comparison"]
+    assert said["accuracy"] == "drifts" and said["accuracy"] == comparison["accuracy"], said["evidence"]
+    assert "Accuracy: " in proc.stdout and "drift" in proc.stdout.split("Accuracy: ", 1)[1].splitlines()[0], proc.stdout
 
 
 def test_compare_runs_both_configs_and_says_the_pick_holds_on_a_clean_workload(tmp_path: Path) -> None:
