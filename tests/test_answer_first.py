@@ -151,7 +151,7 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     speed-up divides by that."""
     monkeypatch.setenv(answer_workloads.ITEM_ENV, "0.008")
     space = SPACE.replace("num_workers: [0, 1]", "num_workers: [0, 4]")
-    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=3,
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=1,
            reference_loader="prior").run()
     attrs = _study(tmp_path).user_attrs
     assert attrs["baseline_config"]["num_workers"] == 0 and attrs["reference_config"]["num_workers"] == 4
