@@ -83,6 +83,7 @@ def test_ctrl_c_stops_at_an_optimizer_step_runs_the_code_after_the_loop_and_writ
     from autotune.cli import main
 
     path = _config_file(tmp_path, ONE_THREAD)
+    before = signal.getsignal(signal.SIGINT)  # Python's own handler, or SIG_IGN where a background shell started us
     # The workload sends itself SIGINT after 20 steps of a run a million steps long.
     code = main(["train", f"{TRAIN_WORKLOADS}:train_until_stopped", "--steps", "1000000", "--config", str(path),
                  "--out", str(tmp_path), "--no-progress"])
@@ -97,7 +98,7 @@ def test_ctrl_c_stops_at_an_optimizer_step_runs_the_code_after_the_loop_and_writ
     # The curve's bins are sized for the planned million steps (512 points): the 20 steps fill the first.
     assert run["loss_every"] == -(-1_000_000 // 512) and len(run["losses"]) == 1 and run["throughput"] > 0
     assert "Interrupted" in out and "train.json" in out
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler was put back
 
 
 FP32 = ONE_THREAD.replace(batch_size=64)
