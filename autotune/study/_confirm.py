@@ -74,10 +74,15 @@ def race_budget(budget: Budget, config: TrialConfig, rate: float) -> Budget:
     """The budget of one race run of ``config`` (see ``RACE_WINDOW_SECONDS``); the trial's without a rate."""
     if not rate or rate <= 0:
         return budget
+    return speed_budget(budget, config, max(1, math.ceil(RACE_WINDOW_SECONDS * rate / config.global_batch_size)))
+
+
+def speed_budget(budget: Budget, config: TrialConfig, window_steps: int) -> Budget:
+    """The budget of a speed-only run of ``config``: its warm-up, then timed windows of ``window_steps``
+    optimizer steps each (a race run's, or the baseline's speed run apart from its references)."""
     accumulation = max(1, config.accumulation_steps)
     warmup = max(budget.warmup_steps, GRAPH_WARMUP_STEPS if config.cuda_graphs else 0)
     warmup_steps = -(-warmup // accumulation)  # optimizer steps
-    window_steps = max(1, math.ceil(RACE_WINDOW_SECONDS * rate / config.global_batch_size))
     samples = (warmup_steps + budget.windows * window_steps + 1) * config.global_batch_size
     return Budget(samples=min(budget.samples, samples), warmup_steps=budget.warmup_steps, windows=budget.windows)
 

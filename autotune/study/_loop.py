@@ -24,7 +24,7 @@ from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
-from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, RETRY_REASON, STOP, Decision, StudyView,
+from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView,
                                      first_faster, next_action, over_budget_reason, view_of)
 from autotune.study._probes import LoaderProbes, drop_queued_predictions, prediction_error
 from autotune.study._progress import _Progress
@@ -136,7 +136,7 @@ class TrialLoop:
             if decision.action == PROBE:
                 self._probe(ui)
                 continue
-            if decision.reason == RETRY_REASON and self._view is not None and self._view.finished >= self.n_trials:
+            if self._view is not None and self._view.retries and self._view.finished >= self.n_trials:
                 # Optuna runs the oldest queued trial first: a probes' pick queued before the retry would take
                 # the retry's place, so it goes off the queue, saying why.
                 self._drop_queued_predictions(ui, "the trial budget is spent; its last places go to the retries "

@@ -25,6 +25,7 @@ from autotune._records import (
 )
 from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
+from autotune.study._confirm import speed_budget
 from autotune.study._planner import reference_seconds
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
@@ -158,11 +159,10 @@ class References:
             return baseline, None
         ui.status(f"the baseline's own speed: {baseline.describe()} (its loader; the references ran with "
                   f"{_loader_words(ran)})")
-        # Windows of a few steps each: a speed run, not evidence (the race measures it again, interleaved).
-        full = self.runner.budget
-        steps = -(-full.warmup_steps // max(1, baseline.accumulation_steps)) + full.windows * SPEED_WINDOW_STEPS + 1
-        budget = dataclasses.replace(full, samples=min(full.samples, steps * baseline.global_batch_size),
-                                     seconds=None, schedule_samples=full.scheduled)
+        # Windows of a few steps each: a speed run, not evidence (the race measures it again, interleaved); the
+        # schedule spans the references' length, as in every other run.
+        budget = dataclasses.replace(speed_budget(self.runner.budget, baseline, SPEED_WINDOW_STEPS),
+                                     schedule_samples=self.runner.budget.scheduled)
         started = time.perf_counter()
         outcome = self.runner.run(baseline, "baseline-speed", seed=self.seed, budget=budget,
                                   timeout=self.clock.cap(self.runner.timeout))
@@ -170,15 +170,14 @@ class References:
             raise WorkloadError(
                 f"the baseline's speed run failed ({outcome.status}: {outcome.error or 'no detail'}) where its fp32 "
                 f"reference with {_loader_words(ran)} ran; see {self.runner.logdir / 'baseline-speed' / 'trial.log'}")
-        m = outcome.measurement
+        m, seconds = outcome.measurement, time.perf_counter() - started
         ui.say(f"  the fp32 references ran with {_loader_words(ran)} (the prior point's loader: their steps come as "
                f"fast as the step allows); the baseline's own speed, {m.throughput:,.1f}/s, timed apart in "
-               f"{time.perf_counter() - started:.0f} s")
+               f"{seconds:.0f} s")
         return baseline, {"throughput": m.throughput, "spread": m.spread,
                           "window_throughputs": list(m.window_throughputs),
                           "data_wait_fraction": m.data_wait_fraction, "samples": budget.samples,
-                          "seconds": round(time.perf_counter() - started, 3),
-                          "wall_seconds": round(outcome.wall_seconds, 3)}
+                          "seconds": round(seconds, 3), "wall_seconds": round(outcome.wall_seconds, 3)}
 
     def _runs(self, config: TrialConfig, workdir: str, where: str, ui: _Progress, *,
               first_seconds: Optional[float] = None,
