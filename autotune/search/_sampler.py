@@ -31,12 +31,14 @@ random until a model forms, the sampler:
    where nothing recorded the incumbent's bottleneck (no diagnosis, no input wait: a ``train_fn`` that times
    its own loop, an older table), the batch line does not make the input knobs wait (a loader's cost per
    sample or per batch draws the same line as the step's), and the step's knobs and the input pipeline's
-   are ranked apart, so each group's first knob is among the first moves;
+   are ranked apart, so each group's first knob is among the first moves; and once two or more of the step's
+   own knobs were measured and none moves the rate (``_step_flat``), the incumbent reads as input-bound;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
-7. once no neighbour is left, tries the deferred values, then two-knob moves, then untried configs at
-   random;
+7. once no neighbour is left, tries the deferred values, then two-knob moves (among the first tier's knobs,
+   the ones measured flat alone included: a knob can matter beside another that shares a resource with it),
+   then untried configs at random;
 8. steers away from failures: when the prior point fails (not out of memory), it reverts half of the
    knobs where the prior differs from the reference run, then the other half, so a fault tied to one value
    costs at most two trials; once a repair runs, the reverted knobs go back to the prior's values one at
@@ -361,6 +363,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         # A knob measured flat on two lines waits with the knobs that cannot help: on a plateau the noise moves
         # the incumbent, and each new one would otherwise retry it before the pairs of the knobs that matter.
         flat = self._barely_matters(seen)
+        paired = first  # a knob flat alone can still matter beside another (a shared resource: cores, host memory)
         first, later = [k for k in first if k not in flat], [k for k in first if k in flat] + later
         prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
@@ -377,7 +380,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             self._combined(seen, anchor, worse, dropped),
             ranked(first),
             ({**anchor, name: value} for name, value in deferred if name in first),
-            self._pair_moves(anchor, worse, first, deferred),
+            self._pair_moves(anchor, worse, paired, deferred),
             ranked(later),
             ({**anchor, name: value} for name, value in deferred if name in later),
         )
@@ -447,7 +450,26 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             label = INPUT_BOUND
         if label is not None or (best.data_wait or 0.0) >= self._input_idle:
             return label  # a step that waits for input at all: its time against the batch is the loader's too
+        if _undiagnosed(best) and self._step_flat(seen):
+            return INPUT_BOUND
         return self._batch_bound(seen, best)
+
+    def _step_flat(self, seen: list[_Seen]) -> bool:
+        """Whether two or more of the step's knobs (``COMPUTE_KNOBS``) were measured in pairs that differ only in
+        that knob, none ``skip_margin`` apart and their median within a third of it: nothing the step does moves
+        the rate, so something outside the step binds it, the input pipeline where the space has its knobs. The
+        median, not every pair: one noisy pair of two measurements must not hide a plateau."""
+        if not any(k in self._space for k in INPUT_KNOBS):
+            return False
+        ratios: dict[str, list[float]] = {}
+        for name in self._order:
+            if name in COMPUTE_KNOBS:
+                lines = [[float(s.value or 0.0) for s in line] for line in self._lines(seen, name)]
+                ratios[name] = [max(v) / min(v) for v in lines if len(v) > 1 and min(v) > 0]
+        pairs = sorted(r for values in ratios.values() for r in values)
+        if sum(1 for values in ratios.values() if values) < 2 or pairs[-1] >= 1 + self._skip_margin:
+            return False
+        return pairs[(len(pairs) - 1) // 2] < 1 + self._skip_margin / 3
 
     def _batch_bound(self, seen: list[_Seen], best: _Seen) -> Optional[str]:
         """Launch- or compute-bound from the step time against the batch on the incumbent's line (every other
