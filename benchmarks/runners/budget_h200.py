@@ -9,7 +9,10 @@ the others run ``autotune tune ... --budget MINUTES``:
 - ``resnet50``: ``benchmarks/workloads/resnet50.py:train_device`` over ``gpu_default``;
 - ``lm``: ``examples/gpt_lm.py:train`` over ``search_spaces/example_gpt_lm.yaml``;
 - ``input``: the input-bound small CNN on real JPEGs (``benchmarks/workloads/jpeg.py``, model tiny, crop
-  112) over ``benchmarks/spaces/input_bound_h200.yaml``; its JPEGs are written first, outside the timing.
+  112) over ``benchmarks/spaces/input_bound_h200.yaml``; its JPEGs are written first, outside the timing;
+- ``lm-scale`` and ``lm-fixed``: the small LM with its sequences in host memory behind a map-style Dataset
+  (``benchmarks/workloads/colocation.py:train_lm_host``) over ``gpu_default``, under ``--batch-policy scale``
+  and under the default ``fixed``. Its hand grid: ``benchmarks/runners/measure_configs.py`` on the same target.
 
 For each it writes ``OUT_DIR/<workload>.json``: the command, the wall seconds, the exit code, the output's
 last lines, and ``best_config.json``'s pick, confirmation and time split; and the study's trials (config,
@@ -39,6 +42,12 @@ WORKLOADS: dict[str, list[str]] = {
                   "--study", "cachepair", "--trials", "2", "--top-k", "0"],
     "input": ["tune", "benchmarks.workloads.jpeg:train", "--space", "benchmarks/spaces/input_bound_h200.yaml",
               "--study", "input-bound"],
+    # The small LM whose sequences sit in host memory behind a map-style Dataset (the levers issue): under
+    # `scale` the batch is a lever of its loader; under `fixed` the default space's `loader: device` lifts it.
+    "lm-scale": ["tune", "benchmarks.workloads.colocation:train_lm_host", "--space", "gpu_default",
+                 "--batch-policy", "scale", "--study", "lm-scale"],
+    "lm-fixed": ["tune", "benchmarks.workloads.colocation:train_lm_host", "--space", "gpu_default",
+                 "--study", "lm-fixed"],
 }
 
 
