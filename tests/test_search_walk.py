@@ -462,6 +462,33 @@ def test_a_value_that_failed_twice_and_never_ran_is_not_proposed_again():
     assert 1 <= len(bad) <= 2
 
 
+def test_a_value_that_crashed_once_is_tried_again_from_another_incumbent_after_its_single_moves():
+    # Batch 512 crashes once, at the prior point (chance: a worker killed, say), then runs. A crash does not
+    # condemn the value at every incumbent as a measured slowdown does: from the next incumbent it waits with
+    # the deferred values and runs once the single moves are done, before any two-knob move.
+    study = _study()
+    crashed = False
+    proposals = []
+    for _ in range(16):
+        trial, params = _ask(study)
+        proposals.append(params)
+        if params["batch_size"] == 512 and not crashed:
+            crashed = True
+            _tell(study, trial, 0.0, status="error", data_wait_fraction=0.0)
+            continue
+        rate = 100.0 + (20.0 if params["precision"] == "fp32" else 0.0) + {64: -10.0, 128: -5.0, 256: 0.0, 512: 30.0}[params["batch_size"]]
+        _tell(study, trial, rate - sum(params[k] != proposals[0][k] for k in ("compile", "channels_last", "cuda_graphs")),
+              data_wait_fraction=0.0)
+    assert crashed and proposals[0]["batch_size"] == 256
+    again = [i for i, p in enumerate(proposals) if p["batch_size"] == 512 and p["precision"] == "fp32"]
+    assert again, proposals
+    incumbent = next(i for i, p in enumerate(proposals) if p == {**proposals[0], "precision": "fp32"})
+    # From the fp32 incumbent: single moves only, then the crashed value again, before any two-knob move.
+    assert all(sum(p[k] != proposals[incumbent][k] for k in p) == 1 for p in proposals[incumbent + 1:again[0] + 1])
+    best = max((t for t in study.trials if t.values and t.user_attrs["status"] == "ok"), key=lambda t: t.values[0])
+    assert best.params["batch_size"] == 512 and best.params["precision"] == "fp32"
+
+
 # -- hints follow the same rules --------------------------------------------------------------------
 def _compute_bound(**extra):
     m = {"status": "ok", "throughput": 900.0, "data_wait_fraction": 0.0, "extra:gpu.gpu_util_pct.mean": 99.0,

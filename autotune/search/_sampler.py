@@ -12,7 +12,9 @@ random until a model forms, the sampler:
 2. then walks coordinate neighbours of the incumbent (the fastest feasible config so far), one knob at a
    time in order of expected impact (precision, batch, compile, ...), moving whenever a neighbour wins;
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
-   ``skip_margin``) or failing, since knob effects are close to separable;
+   ``skip_margin``) or missing the accuracy bound, since knob effects are close to separable; a
+   value that crashed there (an error, a timeout) waits with the deferred values instead (rule 6), since a
+   crash may be the config's or chance's, and rule 8 drops a value that crashed twice and never ran;
 4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory), nor
    one that ``cannot_run`` names a reason for (values that cannot run together here);
 5. lets the incumbent's bottleneck choose the knobs tried first (``BOTTLENECK_KNOBS``): its stored
@@ -367,6 +369,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         first, later = [k for k in first if k not in flat], [k for k in first if k in flat] + later
         prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
+        # A value that crashed once at another incumbent is not condemned everywhere: a crash may be the config's
+        # or chance's. It waits with the deferred values; two crashes and no run drop it (``FAILS_TO_DROP``).
+        crashed = worse - self._clearly_worse(seen, crashes=False)
+        worse = worse - crashed
+        deferred += [(name, value) for name, value, other in sorted(crashed, key=str)
+                     if anchor.get(name) == other and (name, value) not in deferred]
         priced = [s.cost for s in seen if s.cost is not None]
         # Nothing timed yet (replay without seconds, or the reference's compile alone): gain alone.
         cost = CostModel.fit(priced) if any(c.seconds is not None for c in priced) else None
@@ -760,9 +768,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return values
         return nearest_first(values, current, downward=downward)
 
-    def _clearly_worse(self, seen: list[_Seen]) -> set[tuple[str, Any, Any]]:
+    def _clearly_worse(self, seen: list[_Seen], *, crashes: bool = True) -> set[tuple[str, Any, Any]]:
         """(knob, value, other value) where a measured pair differing only in that knob shows ``value``
-        clearly slower than ``other`` or failing while ``other`` ran."""
+        clearly slower than ``other`` or failing while ``other`` ran (``crashes`` False: not counting the
+        failures that were not out of memory nor an accuracy miss)."""
         out: set[tuple[str, Any, Any]] = set()
         done = [s for s in seen if s.value is not None or not s.feasible]
         for name in self._order:
@@ -776,7 +785,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                         if a.params[name] == b.params[name] or not (b.feasible and b.value):
                             continue
                         slower = a.value is not None and a.value < (1 - self._skip_margin) * b.value
-                        if slower or (not a.feasible and not a.oom):
+                        if slower or (not a.feasible and not a.oom and (crashes or not a.failed)):
                             out.add((name, a.params[name], b.params[name]))
         return out
 
