@@ -359,7 +359,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         whole = self._whole_batch(seen, anchor)
         if whole is not None and fresh(whole):
             return whole
-        worse = self._clearly_worse(seen)
+        worse, crashed = self._clearly_worse(seen)
         label = self._bottleneck_of(seen, best)
         first, later = self._tiers(seen, best, label)
         # A knob measured flat on two lines waits with the knobs that cannot help: on a plateau the noise moves
@@ -371,8 +371,6 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         deferred = self._past_slower(seen, anchor, best)
         # A value that crashed once at another incumbent is not condemned everywhere: a crash may be the config's
         # or chance's. It waits with the deferred values; two crashes and no run drop it (``FAILS_TO_DROP``).
-        crashed = worse - self._clearly_worse(seen, crashes=False)
-        worse = worse - crashed
         deferred += [(name, value) for name, value, other in sorted(crashed, key=str)
                      if anchor.get(name) == other and (name, value) not in deferred]
         priced = [s.cost for s in seen if s.cost is not None]
@@ -469,13 +467,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         median, not every pair: one noisy pair of two measurements must not hide a plateau."""
         if not any(k in self._space for k in INPUT_KNOBS):
             return False
-        ratios: dict[str, list[float]] = {}
-        for name in self._order:
-            if name in COMPUTE_KNOBS:
-                lines = [[float(s.value or 0.0) for s in line] for line in self._lines(seen, name)]
-                ratios[name] = [max(v) / min(v) for v in lines if len(v) > 1 and min(v) > 0]
-        pairs = sorted(r for values in ratios.values() for r in values)
-        if sum(1 for values in ratios.values() if values) < 2 or pairs[-1] >= 1 + self._skip_margin:
+        ratios = [self._line_ratios(seen, name) for name in self._order if name in COMPUTE_KNOBS]
+        pairs = sorted(r for values in ratios for r in values)
+        if sum(1 for values in ratios if values) < 2 or pairs[-1] >= 1 + self._skip_margin:
             return False
         return pairs[(len(pairs) - 1) // 2] < 1 + self._skip_margin / 3
 
@@ -591,13 +585,17 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                         out.add((name, self._key([a.params[name]]), self._key([b.params[name]])))
         return out
 
+    def _line_ratios(self, seen: list[_Seen], name: str) -> list[float]:
+        """For each line along knob ``name`` with two measured trials or more: its fastest over its slowest."""
+        lines = [[float(s.value or 0.0) for s in line] for line in self._lines(seen, name)]
+        return [max(v) / min(v) for v in lines if len(v) > 1]
+
     def _barely_matters(self, seen: list[_Seen]) -> set[str]:
         """Knobs whose measured pairs (differing only in that knob), on two lines or more, are all within a
         few percent: one pair at one incumbent is not enough to judge a knob."""
         out = set()
         for name in self._order:
-            lines = [[float(s.value or 0.0) for s in line] for line in self._lines(seen, name)]
-            pairs = [max(v) / min(v) for v in lines if len(v) > 1]
+            pairs = self._line_ratios(seen, name)
             if len(pairs) >= 2 and max(pairs) < 1 + self._skip_margin / 3:
                 out.add(name)
         return out
@@ -768,11 +766,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return values
         return nearest_first(values, current, downward=downward)
 
-    def _clearly_worse(self, seen: list[_Seen], *, crashes: bool = True) -> set[tuple[str, Any, Any]]:
+    def _clearly_worse(self, seen: list[_Seen]) -> tuple[set[tuple[str, Any, Any]], set[tuple[str, Any, Any]]]:
         """(knob, value, other value) where a measured pair differing only in that knob shows ``value``
-        clearly slower than ``other`` or failing while ``other`` ran (``crashes`` False: not counting the
-        failures that were not out of memory nor an accuracy miss)."""
+        clearly slower than ``other`` or missing the accuracy bound while ``other`` ran; and, apart, where it
+        only shows ``value`` crashing (an error, a timeout: not out of memory)."""
         out: set[tuple[str, Any, Any]] = set()
+        crashed: set[tuple[str, Any, Any]] = set()
         done = [s for s in seen if s.value is not None or not s.feasible]
         for name in self._order:
             groups: dict[str, list[_Seen]] = {}
@@ -785,9 +784,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                         if a.params[name] == b.params[name] or not (b.feasible and b.value):
                             continue
                         slower = a.value is not None and a.value < (1 - self._skip_margin) * b.value
-                        if slower or (not a.feasible and not a.oom and (crashes or not a.failed)):
-                            out.add((name, a.params[name], b.params[name]))
-        return out
+                        if slower or (not a.feasible and not a.oom):
+                            (crashed if a.failed and not slower else out).add((name, a.params[name], b.params[name]))
+        return out, crashed - out
 
     # -- reading the study ----------------------------------------------------------------------
     def _asked(self, params: dict[str, Any]) -> dict[str, Any]:
