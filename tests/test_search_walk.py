@@ -489,6 +489,29 @@ def test_a_value_that_crashed_once_is_tried_again_from_another_incumbent_after_i
     assert best.params["batch_size"] == 512 and best.params["precision"] == "fp32"
 
 
+def test_a_value_that_keeps_crashing_at_a_combination_is_retried_once_not_at_every_incumbent():
+    # Batch 512 crashes wherever channels_last is on, and runs without it, so it is never dropped as a value that
+    # never ran. A crash waits, once; the second makes it worse like a slow value, and the walk stops meeting it.
+    def rate(p):
+        return (100.0 + (20.0 if p["precision"] == "fp32" else 0.0) + (10.0 if p["compile"] == "off" else 0.0)
+                + (6.0 if p["pin_memory"] is False else 0.0) + (4.0 if p["num_workers"] == 16 else 0.0)
+                + {64: -20.0, 128: -10.0, 256: 0.0, 512: -10.0}[p["batch_size"]] - (0.0 if p["channels_last"] else 30.0))
+
+    study = _study()
+    trial, prior = _ask(study)
+    _tell(study, trial, rate(prior), data_wait_fraction=0.0)
+    study.enqueue_trial({**prior, "channels_last": False, "batch_size": 512})  # the value runs here
+    crashes = 0
+    for _ in range(30):
+        trial, params = _ask(study)
+        if params["batch_size"] == 512 and params["channels_last"]:
+            crashes += 1
+            _tell(study, trial, 0.0, status="error", data_wait_fraction=0.0)
+        else:
+            _tell(study, trial, rate(params), data_wait_fraction=0.0)
+    assert crashes == 2  # 4 when each new incumbent retried it; 1 when one crash condemned it everywhere
+
+
 # -- hints follow the same rules --------------------------------------------------------------------
 def _compute_bound(**extra):
     m = {"status": "ok", "throughput": 900.0, "data_wait_fraction": 0.0, "extra:gpu.gpu_util_pct.mean": 99.0,

@@ -14,7 +14,8 @@ random until a model forms, the sampler:
 3. skips a value when a measured pair that differs only in that knob shows it clearly worse (more than
    ``skip_margin``) or missing the accuracy bound, since knob effects are close to separable; a
    value that crashed there (an error, a timeout) waits with the deferred values instead (rule 6), since a
-   crash may be the config's or chance's, and rule 8 drops a value that crashed twice and never ran;
+   crash may be the config's or chance's; a value that crashed twice is clearly worse, and rule 8 drops it
+   where it never ran;
 4. never proposes a config the memory rule rules out (a larger batch than one that ran out of memory), nor
    one that ``cannot_run`` names a reason for (values that cannot run together here);
 5. lets the incumbent's bottleneck choose the knobs tried first (``BOTTLENECK_KNOBS``): its stored
@@ -65,6 +66,7 @@ running trials count as taken. Studies stay ordinary Optuna studies.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import random
@@ -370,7 +372,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
         # A value that crashed once at another incumbent is not condemned everywhere: a crash may be the config's
-        # or chance's. It waits with the deferred values; two crashes and no run drop it (``FAILS_TO_DROP``).
+        # or chance's. It waits with the deferred values; a second crash makes it clearly worse (``_clearly_worse``).
         deferred += [(name, value) for name, value, other in sorted(crashed, key=str)
                      if anchor.get(name) == other and (name, value) not in deferred]
         priced = [s.cost for s in seen if s.cost is not None]
@@ -769,7 +771,11 @@ class GuidedSampler(optuna.samplers.BaseSampler):
     def _clearly_worse(self, seen: list[_Seen]) -> tuple[set[tuple[str, Any, Any]], set[tuple[str, Any, Any]]]:
         """(knob, value, other value) where a measured pair differing only in that knob shows ``value``
         clearly slower than ``other`` or missing the accuracy bound while ``other`` ran; and, apart, where it
-        only shows ``value`` crashing (an error, a timeout: not out of memory)."""
+        only shows ``value`` crashing (an error, a timeout: not out of memory), while the value has crashed
+        fewer than ``FAILS_TO_DROP`` times in the study: a value that keeps crashing, at a combination the walk
+        keeps meeting, is worse like a slow one."""
+        crashes = collections.Counter((k, self._key([v])) for s in seen if s.failed and not s.reference
+                                      for k, v in s.params.items())
         out: set[tuple[str, Any, Any]] = set()
         crashed: set[tuple[str, Any, Any]] = set()
         done = [s for s in seen if s.value is not None or not s.feasible]
@@ -785,7 +791,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                             continue
                         slower = a.value is not None and a.value < (1 - self._skip_margin) * b.value
                         if slower or (not a.feasible and not a.oom):
-                            (crashed if a.failed and not slower else out).add((name, a.params[name], b.params[name]))
+                            once = a.failed and not slower and crashes[(name, self._key([a.params[name]]))] < FAILS_TO_DROP
+                            (crashed if once else out).add((name, a.params[name], b.params[name]))
         return out, crashed - out
 
     # -- reading the study ----------------------------------------------------------------------
