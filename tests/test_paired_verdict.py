@@ -173,7 +173,12 @@ def test_clean_twins_are_equivalent_by_the_loss_alone(seed: int) -> None:
         assert verdict.label == "equivalent", verdict.evidence
 
 
-def test_an_unseeded_loader_falls_back_to_the_band_and_says_why() -> None:
+def test_an_unseeded_loader_falls_back_to_the_band_and_says_why(monkeypatch) -> None:
+    # The workload shuffles from the OS's entropy, so each run sees other batches. Drawn afresh, the two-seed band
+    # flagged this clean bf16 run in 1 of 12 runs (its false-positive rate, not a defect of the fallback), so the
+    # entropy comes from a fixed sequence here: still a different order in every run, the same in every test run.
+    entropy = random.Random(11)
+    monkeypatch.setattr(os, "urandom", lambda n: entropy.randbytes(n))
     verdict = _loss_verdict("train_unseeded", FP32.replace(precision="bf16"), 0, reference_fn="train_unseeded")
     assert "not paired: its first global batch differs" in verdict.evidence
     assert "fp32" in verdict.evidence and verdict.label in ("equivalent", "unchecked")
