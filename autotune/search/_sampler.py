@@ -604,15 +604,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
 
     def _dropped(self, seen: list[_Seen]) -> set[tuple[str, Any]]:
         """(knob, value) that failed ``FAILS_TO_DROP`` times and never ran: the walk moves away from it."""
-        fails: dict[tuple[str, Any], int] = {}
-        ran: set[tuple[str, Any]] = set()
-        for s in seen:
-            items = {(k, self._key([v])) for k, v in s.params.items()}
-            if s.value is not None:
-                ran |= items
-            elif s.failed and not s.reference:
-                for item in items:
-                    fails[item] = fails.get(item, 0) + 1
+        fails = self._crashes(seen)
+        ran = {(k, self._key([v])) for s in seen if s.value is not None for k, v in s.params.items()}
         out = set()
         for s in seen:
             if s.slow_compile is not None:
@@ -768,14 +761,18 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return values
         return nearest_first(values, current, downward=downward)
 
+    def _crashes(self, seen: list[_Seen]) -> collections.Counter[tuple[str, str]]:
+        """How many trials (not the reference) crashed with each (knob, ``_key([value])``)."""
+        return collections.Counter((k, self._key([v])) for s in seen if s.failed and not s.reference
+                                   for k, v in s.params.items())
+
     def _clearly_worse(self, seen: list[_Seen]) -> tuple[set[tuple[str, Any, Any]], set[tuple[str, Any, Any]]]:
         """(knob, value, other value) where a measured pair differing only in that knob shows ``value``
         clearly slower than ``other`` or missing the accuracy bound while ``other`` ran; and, apart, where it
         only shows ``value`` crashing (an error, a timeout: not out of memory), while the value has crashed
         fewer than ``FAILS_TO_DROP`` times in the study: a value that keeps crashing, at a combination the walk
         keeps meeting, is worse like a slow one."""
-        crashes = collections.Counter((k, self._key([v])) for s in seen if s.failed and not s.reference
-                                      for k, v in s.params.items())
+        crashes = self._crashes(seen)
         out: set[tuple[str, Any, Any]] = set()
         crashed: set[tuple[str, Any, Any]] = set()
         done = [s for s in seen if s.value is not None or not s.feasible]
