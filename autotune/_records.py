@@ -260,7 +260,10 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         noisy=evidence.noisy,
         noisy_reason=evidence.noisy_reason,
         colocation_warning=attrs.get(COLOCATION, ""),
-        baseline_source=attrs.get("baseline_source", ""),
+        baseline_source=attrs.get("baseline_source", "") + (
+            "; its own speed run did not fit the budget, so the fp32 reference's rate (with the prior point's "
+            "loader, faster than its own) stands in for it: the speed-up is understated"
+            if attrs.get("baseline_speed_pending") and evidence.basis != "alternation" else ""),
         reference_metric=attrs.get("reference_metric"),
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),

@@ -151,9 +151,13 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     speed-up divides by that."""
     monkeypatch.setenv(answer_workloads.ITEM_ENV, "0.008")
     space = SPACE.replace("num_workers: [0, 1]", "num_workers: [0, 4]")
-    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=1,
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=2,
            reference_loader="prior").run()
     attrs = _study(tmp_path).user_attrs
+    # The baseline's own speed run waits for the first full trial (the prior point), then runs once.
+    actions = [d["action"] for d in attrs["plan"]]
+    assert actions.index("trial") < actions.index("baseline-speed") and actions.count("baseline-speed") == 1, actions
+    assert attrs["baseline_speed_pending"] is False
     assert attrs["baseline_config"]["num_workers"] == 0 and attrs["reference_config"]["num_workers"] == 4
     speed = attrs["baseline_speed"]
     assert attrs["baseline_throughput"] == speed["throughput"] and speed["samples"] < 4096

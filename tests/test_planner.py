@@ -14,7 +14,7 @@ import pytest
 
 from autotune._config import TrialConfig
 from autotune.study._budget import StudyClock
-from autotune.study._planner import (PROBE, REFERENCE, REFERENCE_SHARE, RETRY_REASON, STOP, TRIAL, StudyView,
+from autotune.study._planner import (BASELINE_SPEED, PROBE, REFERENCE, REFERENCE_SHARE, RETRY_REASON, STOP, TRIAL, StudyView,
                                      first_faster, next_action, probes_why, reference_seconds, view_of)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -148,3 +148,26 @@ def test_a_dead_workers_retry_keeps_its_place_when_a_probes_pick_filled_the_budg
     study.tell(retry, values=[1.0, 0.0])
     view = view_of(study, knobs=knobs, n_trials=3, clock=StudyClock())
     assert (view.retries, view.finished) == (0, 3) and next_action(view).action == STOP
+
+
+# The ViT-B/32 study of the answer-first H200 run (2026-12-05, before the baseline's speed run moved): its
+# references ran with the prior point's loader, and the baseline's own speed run came before trial #1.
+VIT_DB = RESULTS / "answer-first-h200" / "dec05-before" / "vit.db"
+
+
+def test_the_baseline_speed_run_waits_for_the_first_full_trial_and_still_runs_when_the_trials_are_spent() -> None:
+    study, knobs = _recorded(VIT_DB, -1)  # the references alone (its reference config is no point of the space)
+    study.set_user_attr("baseline_speed_pending", True)
+    clock = StudyClock(budget_seconds=240.0)
+    first = next_action(view_of(study, knobs=knobs, n_trials=40, clock=clock))
+    assert first.action == TRIAL and "prior point" in first.reason
+    study, _ = _recorded(VIT_DB, 0)  # and trial #0, the prior point, measured
+    study.set_user_attr("baseline_speed_pending", True)
+    after = next_action(view_of(study, knobs=knobs, n_trials=40, clock=clock))
+    assert after.action == BASELINE_SPEED and "after the first full trial" in after.reason
+    assert next_action(view_of(study, knobs=knobs, n_trials=1, clock=clock)).action == BASELINE_SPEED
+    study.set_user_attr("baseline_speed_pending", False)
+    assert next_action(view_of(study, knobs=knobs, n_trials=40, clock=clock)).action != BASELINE_SPEED
+    study.set_user_attr("baseline_speed_pending", True)
+    late = StudyClock(budget_seconds=240.0, started=__import__("time").monotonic() - 239.0)
+    assert next_action(view_of(study, knobs=knobs, n_trials=40, clock=late)).action == STOP  # no time left: the race times it

@@ -127,14 +127,17 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
     trial_wall = sum(float(a.get("wall_seconds") or 0.0) for a in attrs)
     # Under the scale policy a trial's fp32 references at its global batch run inside its ask-to-tell.
     batch_references = sum(float(a.get("reference_seconds") or 0.0) for a in attrs)
+    # The baseline's own speed run, when it came after the first trial: inside the trials' part too.
+    later = seconds.get("baseline_speed", 0.0)
     parts = {
-        "references": seconds.get("references", 0.0) + batch_references,
+        "references": seconds.get("references", 0.0) + batch_references + later,
         "compile": sum(r["compile"] for r in runs),
         "warmup": sum(r["warmup"] for r in runs),
         "timed": sum(r["timed"] for r in runs),
         "trial_process": sum(r["process"] for r in runs),
         "probes": seconds.get("probes", 0.0),  # loader and step probes, run inside the trials' part
-        "coordinator": max(0.0, seconds.get("trials", 0.0) - trial_wall - batch_references - seconds.get("probes", 0.0))
+        "coordinator": max(0.0, seconds.get("trials", 0.0) - trial_wall - batch_references - later
+                           - seconds.get("probes", 0.0))
         + seconds.get("setup", 0.0),
         "race": seconds.get("race", 0.0),
         "probe": seconds.get("probe", 0.0),

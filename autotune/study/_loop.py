@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import json
 import math
 import socket
@@ -24,7 +25,7 @@ from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_seconds
-from autotune.study._planner import (FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView,
+from autotune.study._planner import (BASELINE_SPEED, FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView,
                                      first_faster, next_action, over_budget_reason, view_of)
 from autotune.study._probes import LoaderProbes, drop_queued_predictions, prediction_error
 from autotune.study._progress import _Progress
@@ -136,6 +137,11 @@ class TrialLoop:
             if decision.action == PROBE:
                 self._probe(ui)
                 continue
+            if decision.action == BASELINE_SPEED:
+                with self.clock.part("baseline_speed"):  # the split counts it among the references
+                    self.references.speed_run(self.study, ui)
+                self._note_first_faster()  # against the baseline's own rate now
+                continue
             if self._view is not None and self._view.retries and self._view.finished >= self.n_trials:
                 # Optuna runs the oldest queued trial first: a probes' pick queued before the retry would take
                 # the retry's place, so it goes off the queue, saying why.
@@ -216,7 +222,10 @@ class TrialLoop:
                   if t.state == TrialState.COMPLETE and t.user_attrs.get("role") != "reference"]
         found = first_faster(trials, float(study.user_attrs.get("baseline_throughput") or 0.0))
         if found is not None:
-            found["seconds"] = round(self.clock.elapsed(), 1)
+            # When it was measured, which may be before now: the baseline's own speed can come after it.
+            ended = study.trials[found["trial"]].datetime_complete
+            ago = (datetime.datetime.now() - ended).total_seconds() if ended is not None else 0.0
+            found["seconds"] = round(max(0.0, self.clock.elapsed() - ago), 1)
             found["budget_share"] = (round(found["seconds"] / self.clock.budget_seconds, 3)
                                      if self.clock.budget_seconds else None)
             study.set_user_attr(FIRST_FASTER, found)

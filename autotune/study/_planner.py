@@ -10,7 +10,9 @@ likely to change the pick runs first, and gives each fixed cost a share of the b
 2. **The most likely big win next.** Until a full trial other than the reference has run, nothing is
    probed where the space moves the step's knobs too: the reference's step is fp32 and untuned, so a faster
    loader cannot show against it, and the sampler's first proposal (the prior point) is the likeliest answer.
-   A space of loader knobs alone has no faster step to wait for: its reference is probed at once.
+   A space of loader knobs alone has no faster step to wait for: its reference is probed at once. Where
+   the references ran with the prior point's loader, the baseline's own speed run (seconds of a process
+   and a few windows, for the speed-up's denominator) waits until that first trial has run.
 3. **Probes where they can change the decision.** A loader probe runs when the fastest feasible full trial
    waits on its input: then its step is faster than its loader, and a loader variant can win.
 4. **Trials while they fit**, each predicted by the cost model, the race of the finalists kept free
@@ -42,8 +44,9 @@ PLAN = "plan"  # study attribute: the planner's decisions, in order ({"at", "act
 FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial faster than the baseline
 
 REFERENCE, TRIAL, PROBE, STOP = "reference", "trial", "probe", "stop"
+BASELINE_SPEED = "baseline-speed"
 RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
-__all__ = ["FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP", "TRIAL", "Decision",
+__all__ = ["BASELINE_SPEED", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP", "TRIAL", "Decision",
            "StudyView", "first_faster", "next_action", "over_budget_reason", "probes_why", "reference_seconds", "step_levers", "view_of"]
 
 
@@ -52,7 +55,7 @@ class Decision:
     """What runs next and why.
 
     Args:
-        action: ``reference``, ``trial``, ``probe`` or ``stop``.
+        action: ``reference``, ``baseline-speed``, ``trial``, ``probe`` or ``stop``.
         reason: One sentence for the progress line, the study note and the ``PLAN`` record.
         seconds: A reference's time share, when the budget sets one.
     """
@@ -86,6 +89,8 @@ class StudyView:
         usable_seconds: Seconds left for runs (infinite without a budget).
         race_seconds: What the race of the finalists is predicted to need.
         budget_seconds: The study's budget, None without one.
+        baseline_speed_pending: The baseline's own speed run is still to come (the references ran with
+            another loader, and the study left it for after the first full trial).
     """
 
     references_done: int = 0
@@ -103,6 +108,7 @@ class StudyView:
     usable_seconds: float = math.inf
     race_seconds: float = 0.0
     budget_seconds: Optional[float] = None
+    baseline_speed_pending: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,9 +138,14 @@ def next_action(view: StudyView) -> Decision:
             why += (f", within its share of the budget ({share:.0f} s of {REFERENCE_SHARE:.0%} for the "
                     f"references): a longer run trains fewer samples, and so does every trial")
         return Decision(REFERENCE, why, seconds=share)
-    if view.finished >= view.n_trials and not view.retries:
+    spent = view.finished >= view.n_trials and not view.retries
+    fits = view.usable_seconds >= MIN_RUN_S + view.race_seconds
+    if view.baseline_speed_pending and (view.full_trials >= 1 or spent) and fits:
+        return Decision(BASELINE_SPEED, "the baseline's own speed, with its own loader (the references ran with "
+                                        "the prior point's): timed after the first full trial, not before it")
+    if spent:
         return Decision(STOP, f"the trial budget of {view.n_trials} is spent")
-    if view.usable_seconds < MIN_RUN_S + view.race_seconds:
+    if not fits:
         return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
                               f"the finalists needs {view.race_seconds:.0f} s")
     if view.retries:
@@ -188,7 +199,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         probes=probes, probed=best is not None and probed(best),
         waiting=len(waiting), retries=retries,
         finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))) + retries, n_trials=n_trials,
-        usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds)
+        usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
+        baseline_speed_pending=bool(study.user_attrs.get("baseline_speed_pending")))
 
 
 def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float) -> str:

@@ -34,6 +34,9 @@ from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
 CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
 SPEED_WINDOW_STEPS = 2  # optimizer steps in each timed window of the baseline's speed run
 TRIAL_BUDGET = "trial_budget"  # study attribute: the length every run trains (the references' shortened one)
+# Study attribute: the baseline's own speed run is still to come (``References.speed_run``). Under a budget it
+# runs after the first full trial, not before it: until then the references' rate stands in for the baseline's.
+BASELINE_SPEED_PENDING = "baseline_speed_pending"
 
 
 def trial_budget_record(budget: Budget) -> dict[str, Any]:
@@ -91,7 +94,7 @@ class References:
             return config
         return config.replace(**{k: v for k, v in self.loader.items() if k in TORCH_LOADER_KNOBS})
 
-    def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False) -> dict[str, Any]:
+    def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False, defer_speed: bool = False) -> dict[str, Any]:
         """Train the baseline in fp32 once per seed: baseline throughput, the reference band and metric.
 
         Under a budget the first seed trains within its share (``_planner.reference_seconds``): when it
@@ -101,6 +104,8 @@ class References:
         Args:
             adopt_script_batch: The first seed trains at the batch the script passes to ``ctx.loader`` (when
                 it can: ``TrialContext``), and the later seeds at it too.
+            defer_speed: Leave the baseline's own speed run for later (``speed_run``): the references' rate
+                stands in for the baseline's until it runs, and ``BASELINE_SPEED_PENDING`` says so.
 
         Raises:
             WorkloadError: a reference run failed, so no trial could be judged.
@@ -126,10 +131,13 @@ class References:
             measurements.append(outcome.measurement)
         metrics = [m.metric for m in measurements]
         band = ReferenceBand.of_measurements(measurements)  # the first seed's full trajectory, for pairing
-        baseline, speed = self._baseline_speed(config, ui)
+        baseline = self._own_loader(config)
+        pending = defer_speed and baseline != config
+        baseline, speed = (baseline, None) if pending else self._baseline_speed(config, ui)
         return {
             "baseline_config": baseline.to_dict(),
             **({"reference_config": config.to_dict(), "baseline_speed": speed} if speed else {}),
+            **({"reference_config": config.to_dict(), BASELINE_SPEED_PENDING: True} if pending else {}),
             "baseline_throughput": speed["throughput"] if speed else measurements[0].throughput,
             "reference_metric": metrics[0],
             "reference_metrics": metrics,
@@ -144,6 +152,28 @@ class References:
             "references_shortened": measurements[0].extras.get("shortened"),
         }
 
+    def _own_loader(self, ran: TrialConfig) -> TrialConfig:
+        """``ran`` (a reference's config) with the baseline's own DataLoader knobs."""
+        return ran.replace(**{k: getattr(self._baseline, k) for k in TORCH_LOADER_KNOBS})
+
+    def speed_run(self, study: optuna.Study, ui: _Progress) -> float:
+        """The baseline's own speed run that ``baseline(defer_speed=True)`` left for later: its rate becomes the
+        study's ``baseline_throughput``. Returns the seconds it took.
+
+        Raises:
+            WorkloadError: the speed run failed.
+        """
+        attrs = study.user_attrs
+        if not attrs.get(BASELINE_SPEED_PENDING) or "reference_config" not in attrs:
+            return 0.0
+        started = time.perf_counter()
+        _, speed = self._baseline_speed(TrialConfig.from_dict(attrs["reference_config"]), ui)
+        if speed is not None:
+            study.set_user_attr("baseline_speed", speed)
+            study.set_user_attr("baseline_throughput", speed["throughput"])
+        study.set_user_attr(BASELINE_SPEED_PENDING, False)
+        return time.perf_counter() - started
+
     def _baseline_speed(self, ran: TrialConfig, ui: _Progress) -> tuple[TrialConfig, Optional[dict[str, Any]]]:
         """The baseline that the references ran for, and its own speed when they ran with another loader
         (``_reference_of``): a short speed-only run of it (warm-up and timed windows, as a race run), or
@@ -154,7 +184,7 @@ class References:
         Raises:
             WorkloadError: the baseline's speed run failed where its reference ran.
         """
-        baseline = ran.replace(**{k: getattr(self._baseline, k) for k in TORCH_LOADER_KNOBS})
+        baseline = self._own_loader(ran)
         if baseline == ran:
             return baseline, None
         ui.status(f"the baseline's own speed: {baseline.describe()} (its loader; the references ran with "

@@ -648,7 +648,8 @@ class Tuner:
                         with clock.part("references"):
                             if reference is None:
                                 reference = references.baseline(
-                                    ui, adopt_script_batch=self._may_adopt_script_batch(space))
+                                    ui, adopt_script_batch=self._may_adopt_script_batch(space),
+                                    defer_speed=clock.budgeted)
                             adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
                             if adopted is not None:  # the baseline is the script's batch
                                 space = _space.restrict_to(adopted, caps)
@@ -664,7 +665,7 @@ class Tuner:
                                     ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
                                            "(ctx.loader): the baseline's batch; its reference runs again")
                                     runner.budget = space.budget
-                                    reference = references.baseline(ui)
+                                    reference = references.baseline(ui, defer_speed=clock.budgeted)
                             declared = self._script_baseline(space, reference) if mode != "join" else None
                             if declared is not None:  # one baseline for one script, from the shell too
                                 space, rerun = declared
@@ -674,7 +675,7 @@ class Tuner:
                                            "baseline; its fp32 references run again at it (--baseline states it "
                                            "before they run)")
                                     runner.budget = space.budget
-                                    reference = references.baseline(ui)
+                                    reference = references.baseline(ui, defer_speed=clock.budgeted)
                             self._store_references(space, caps, reference)
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.
