@@ -158,6 +158,8 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     actions = [d["action"] for d in attrs["plan"]]
     assert actions.index("trial") < actions.index("baseline-speed") and actions.count("baseline-speed") == 1, actions
     assert attrs["baseline_speed_pending"] is False
+    found = attrs["first_faster"]  # noted again against the baseline's own rate once that was measured
+    assert found["speedup"] == round(found["throughput"] / attrs["baseline_speed"]["throughput"], 3), found
     assert attrs["baseline_config"]["num_workers"] == 0 and attrs["reference_config"]["num_workers"] == 4
     speed = attrs["baseline_speed"]
     assert attrs["baseline_throughput"] == speed["throughput"] and speed["samples"] < 4096

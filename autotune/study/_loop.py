@@ -140,7 +140,8 @@ class TrialLoop:
             if decision.action == BASELINE_SPEED:
                 with self.clock.part("baseline_speed"):  # the split counts it among the references
                     self.references.speed_run(self.study, ui)
-                self._note_first_faster()  # against the baseline's own rate now
+                self.study.set_user_attr(FIRST_FASTER, None)  # noted against the references' rate: again
+                self._note_first_faster()
                 continue
             if self._view is not None and self._view.retries and self._view.finished >= self.n_trials:
                 # Optuna runs the oldest queued trial first: a probes' pick queued before the retry would take
