@@ -368,6 +368,17 @@ def train_input_bound(ctx) -> None:
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
 
 
+def train_slow_items(ctx) -> None:
+    """``train_input_bound`` over 8,192 items that take 5 ms each: filling device memory with all of them
+    (``loader: device``) takes about 40 s, where a DataLoader's first batches come in a fraction of it."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1 * ctx.lr_scale)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(ctx.loader(SlowItems(8192, seed=ctx.seed, seconds=0.005))):
+        step(inputs, targets)
+
+
 class IterableItems(torch.utils.data.IterableDataset):
     """``PerSampleDataset``'s samples as a stream: no indices, so ``loader=device`` must refuse it."""
 

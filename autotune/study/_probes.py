@@ -188,40 +188,51 @@ class LoaderProbes:
         return rate
 
     def _loaders(self, configs: list[TrialConfig], ui: _Progress, keep: float) -> list[Optional[float]]:
-        """The loader rate of each of ``configs``: those not probed yet in one process, one after another on
-        the same dataset (the first is the process's config, the others its ``loader_variants``), so many
-        loader configs cost one process's start and one run of ``train_fn`` up to ``ctx.loader``."""
+        """The loader rate of each of ``configs``: those not probed yet in one process per kind of loader, one
+        after another on the same dataset (the first is the process's config, the others its
+        ``loader_variants``), so many loader configs cost one process's start and one run of ``train_fn`` up
+        to ``ctx.loader``. The DataLoader's configs run first, in a process of their own: a device-resident
+        loader first fills device memory with the whole dataset, which on a dataset that augments each item on
+        the CPU can outlast the process's time limit, and a timed-out process reports none of its rates."""
         done = self._done()
         pending = [c for c in configs if f"loader:{_key(c)}" not in done]
-        if pending and self._fits(keep):
-            ui.status(f"loader probe: {len(pending)} loader configs of {pending[0].describe()}")
-            with self.clock.part("probes"):
-                outcome = self.runner.run(pending[0], f"probe-loader-{len(done)}", seed=self.seed, probe="loader",
-                                          loader_variants=pending[1:],
-                                          timeout=self.clock.cap(self.runner.timeout, keep=keep))
-            measurement = outcome.measurement
-            extras = dict(measurement.extras) if outcome.ok and measurement is not None else {}
-            rates = [measurement.throughput if outcome.ok and measurement else None,
-                     *(extras.get("loader_rates") or [None] * (len(pending) - 1))]
-            errors = [None if outcome.ok else f"{outcome.status}: {outcome.error}",
-                      *(extras.get("loader_errors") or [None] * (len(pending) - 1))]
-            windows = [len(measurement.window_throughputs) if outcome.ok and measurement else 0,
-                       *(extras.get("loader_windows") or [0] * (len(pending) - 1))]
-            seconds = round(outcome.wall_seconds / len(pending), 3)  # the process's seconds, shared
-            records = []
-            for config, rate, error, timed in zip(pending, rates, errors, windows):
-                records.append({"kind": "loader", "config": config.to_dict(), "config_key": _key(config),
-                                "rate": rate, "seconds": seconds, "batched": len(pending), "windows": timed,
-                                "status": "ok" if rate is not None else outcome.status if not outcome.ok else "error",
-                                "error": error, "data_wait_fraction": None,
-                                "steps": measurement.steps if measurement else None, "extras": {}})
-                ui.say(f"  probe   loader  {rate or 0:>10,.1f}/s  {config.describe()}"
-                       + (f"  [{error[:120]}]" if error else ""))
-            records[0].update({"data_wait_fraction": measurement.data_wait_fraction if measurement else None,
-                               "extras": {k: v for k, v in extras.items() if k not in ("loader_rates", "loader_errors", "loader_windows")}})
-            self._record(records)
-            done = self._done()
+        groups = [[c for c in pending if c.loader == "torch"], [c for c in pending if c.loader != "torch"]]
+        for group in groups:
+            if group and self._fits(keep):
+                self._loader_group(group, ui, keep)
+        done = self._done()
         return [done[f"loader:{_key(c)}"]["rate"] if f"loader:{_key(c)}" in done else None for c in configs]
+
+    def _loader_group(self, pending: list[TrialConfig], ui: _Progress, keep: float) -> None:
+        """One loader-probe process over ``pending`` (see ``_loaders``); records each config's rate."""
+        done = self._done()
+        ui.status(f"loader probe: {len(pending)} loader configs of {pending[0].describe()}")
+        with self.clock.part("probes"):
+            outcome = self.runner.run(pending[0], f"probe-loader-{len(done)}", seed=self.seed, probe="loader",
+                                      loader_variants=pending[1:],
+                                      timeout=self.clock.cap(self.runner.timeout, keep=keep))
+        measurement = outcome.measurement
+        extras = dict(measurement.extras) if outcome.ok and measurement is not None else {}
+        rates = [measurement.throughput if outcome.ok and measurement else None,
+                 *(extras.get("loader_rates") or [None] * (len(pending) - 1))]
+        errors = [None if outcome.ok else f"{outcome.status}: {outcome.error}",
+                  *(extras.get("loader_errors") or [None] * (len(pending) - 1))]
+        windows = [len(measurement.window_throughputs) if outcome.ok and measurement else 0,
+                   *(extras.get("loader_windows") or [0] * (len(pending) - 1))]
+        seconds = round(outcome.wall_seconds / len(pending), 3)  # the process's seconds, shared
+        records = []
+        for config, rate, error, timed in zip(pending, rates, errors, windows):
+            records.append({"kind": "loader", "config": config.to_dict(), "config_key": _key(config),
+                            "rate": rate, "seconds": seconds, "batched": len(pending), "windows": timed,
+                            "status": "ok" if rate is not None else outcome.status if not outcome.ok else "error",
+                            "error": error, "data_wait_fraction": None,
+                            "steps": measurement.steps if measurement else None, "extras": {}})
+            ui.say(f"  probe   loader  {rate or 0:>10,.1f}/s  {config.describe()}"
+                   + (f"  [{error[:120]}]" if error else ""))
+        records[0].update({"data_wait_fraction": measurement.data_wait_fraction if measurement else None,
+                           "extras": {k: v for k, v in extras.items()
+                                      if k not in ("loader_rates", "loader_errors", "loader_windows")}})
+        self._record(records)
 
     def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0
             ) -> Optional[TrialConfig]:
