@@ -173,3 +173,9 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     # baseline's own speed run, beyond both runs' windows, it is the pick.
     saved = json.loads((tmp_path / "studies" / "a" / "best_config.json").read_text())
     assert saved["faster"] and saved["config"]["num_workers"] == 4 and saved["speedup_spread"]["low"] > 1.0
+    # A second study of the same target reuses the references with the baseline's speed: it runs neither.
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=1,
+           reference_loader="prior", study_name="again", top_k=0).run()
+    again = _study(tmp_path, "again").user_attrs
+    assert again["references_reused"]["study"] == "a" and again["baseline_speed"] == speed
+    assert "baseline-speed" not in [d["action"] for d in again.get("plan", [])]

@@ -34,7 +34,7 @@ from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
 from autotune.study._options import TunerOptions
 from autotune.study._planner import FIRST_FASTER, PLAN, probes_why
 from autotune.study._progress import _Progress
-from autotune.study._references import TRIAL_BUDGET, References, apply_trial_budget
+from autotune.study._references import BASELINE_SPEED_PENDING, TRIAL_BUDGET, References, apply_trial_budget
 from autotune.study._stored import load_references, reference_key, store_references
 from autotune.study._results import _with_path, write_best_config
 from autotune.study._runner import TrialRunner
@@ -459,6 +459,23 @@ class Tuner:
         except OSError as exc:
             print(f"autotune: warning: the references were not kept for reuse: {exc}", file=sys.stderr, flush=True)
 
+    def _store_baseline_speed(self, study: optuna.Study) -> None:
+        """The baseline's speed run that came after the first trial joins the stored references it belongs to,
+        so a later study that reuses them runs none (never fails the study)."""
+        key, attrs = getattr(self, "_reference_cache_key", None), study.user_attrs
+        if key is None or attrs.get(BASELINE_SPEED_PENDING) is not False or "baseline_speed" not in attrs:
+            return
+        stored = load_references(self.options.study.studies_dir, key)
+        if stored is None or not stored[0].get(BASELINE_SPEED_PENDING):
+            return
+        reference = {**stored[0], "baseline_speed": attrs["baseline_speed"], BASELINE_SPEED_PENDING: False,
+                     "baseline_throughput": attrs["baseline_throughput"]}
+        try:
+            store_references(self.options.study.studies_dir, key, reference, study=stored[1]["study"])
+        except OSError as exc:
+            print(f"autotune: warning: the baseline's speed was not kept with the references: {exc}", file=sys.stderr,
+                  flush=True)
+
     def _plan_compiles(self, space: _space.SearchSpace, reference: dict[str, Any]) -> _space.SearchSpace:
         """Leave out the ``max-autotune*`` modes that the declared training length does not pay for."""
         search, measured = self.options.search, reference["reference_measurement"]
@@ -704,6 +721,7 @@ class Tuner:
             try:
                 with clock.part("trials"):
                     loop.run(ui)
+                self._store_baseline_speed(study)
                 # In every mode that runs trials: when several workers share the study, the last to finish
                 # claims it (see confirm_top_k), so it runs once per study, after the trial budget is spent.
                 with clock.part("race"):
