@@ -124,6 +124,9 @@ def _feasible(study: optuna.Study) -> list[TrialRecord]:
 
 
 CONFIRMATION = "top_k_confirmation"  # the study attribute of the top-K re-measurement (study/_confirm)
+# Study attribute: the baseline's own speed run is still to come (``study/_references``): under a budget it runs
+# after the first full trial, and until then the references' rate stands in for the baseline's.
+BASELINE_SPEED_PENDING = "baseline_speed_pending"
 COLOCATION = "colocation_warning"  # the study attribute of the shared-device warning (study/_workers)
 
 
@@ -263,7 +266,7 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         baseline_source=attrs.get("baseline_source", "") + (
             "; its own speed run did not fit the budget, so the fp32 reference's rate (with the prior point's "
             "loader, faster than its own) stands in for it: the speed-up is understated"
-            if attrs.get("baseline_speed_pending") and evidence.basis != "alternation" else ""),
+            if attrs.get(BASELINE_SPEED_PENDING) and evidence.basis != "alternation" else ""),
         reference_metric=attrs.get("reference_metric"),
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from optuna.trial import TrialState
 
-from autotune._records import CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials
+from autotune._records import BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials
 from autotune.search._predict import INPUT_BOUND, LOADER_KNOBS
 from autotune.study._budget import MIN_RUN_S, StudyClock
 
@@ -200,7 +200,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         waiting=len(waiting), retries=retries,
         finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))) + retries, n_trials=n_trials,
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
-        baseline_speed_pending=bool(study.user_attrs.get("baseline_speed_pending")))
+        baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)))
 
 
 def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float) -> str:

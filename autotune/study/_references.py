@@ -17,6 +17,7 @@ import optuna
 from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome, bin_means
 from autotune._errors import StudyError, WorkloadError
 from autotune._records import (
+    BASELINE_SPEED_PENDING,
     BATCH_REFERENCE,
     BATCH_REFERENCE_BAND,
     BATCH_REFERENCE_FAILED,
@@ -34,9 +35,6 @@ from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
 CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
 SPEED_WINDOW_STEPS = 2  # optimizer steps in each timed window of the baseline's speed run
 TRIAL_BUDGET = "trial_budget"  # study attribute: the length every run trains (the references' shortened one)
-# Study attribute: the baseline's own speed run is still to come (``References.speed_run``). Under a budget it
-# runs after the first full trial, not before it: until then the references' rate stands in for the baseline's.
-BASELINE_SPEED_PENDING = "baseline_speed_pending"
 
 
 def trial_budget_record(budget: Budget) -> dict[str, Any]:

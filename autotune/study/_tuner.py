@@ -21,7 +21,7 @@ import optuna
 from autotune import hardware as _hardware
 from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig, script_baseline_differences
 from autotune._errors import AutotuneError, SpaceError, StudyError
-from autotune._records import COLOCATION, study_dir, summarize_study
+from autotune._records import BASELINE_SPEED_PENDING, COLOCATION, study_dir, summarize_study
 from autotune._target import local_modules, target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
@@ -34,7 +34,7 @@ from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
 from autotune.study._options import TunerOptions
 from autotune.study._planner import FIRST_FASTER, PLAN, probes_why
 from autotune.study._progress import _Progress
-from autotune.study._references import BASELINE_SPEED_PENDING, TRIAL_BUDGET, References, apply_trial_budget
+from autotune.study._references import TRIAL_BUDGET, References, apply_trial_budget
 from autotune.study._stored import load_references, reference_key, store_references
 from autotune.study._results import _with_path, write_best_config
 from autotune.study._runner import TrialRunner
