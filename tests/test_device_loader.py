@@ -267,3 +267,34 @@ def test_the_default_cpu_space_drops_loader_device_for_an_iterable_dataset() -> 
     space = restrict_to_model(load_space("cpu_default"), activations_4d=None, device_loader=reason)
     assert space.knobs["loader"].values == ("torch",)
     assert space.removed["loader=device"] == f"{DEVICE_LOADER_REFUSED}: {reason}"
+
+
+class _SlowDicts(_Dicts):
+    """``_Dicts`` whose items take 10 ms each to fetch, as a decode or a CPU augmentation does."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        import time
+
+        time.sleep(0.01)
+        return super().__getitem__(i)
+
+
+def test_a_slow_dataset_fills_the_device_with_workers_and_serves_the_same_batches(monkeypatch) -> None:
+    """400 items of 10 ms: about 4 s on one core, over the 2 s after which the fill fetches with workers."""
+    import time
+
+    from autotune.trial import _resident
+
+    assert _resident.fill_workers(_SlowDicts(), 400) >= 2 and _resident.fill_workers(_Dicts(), 203) == 0
+    started = time.perf_counter()
+    fast = list(_loaders(_SlowDicts(), loader="device"))
+    with_workers = time.perf_counter() - started
+    monkeypatch.setattr(_resident, "FILL_WORKERS_AFTER_S", float("inf"))  # the fill on one core
+    started = time.perf_counter()
+    slow = list(_loaders(_SlowDicts(), loader="device"))
+    in_process = time.perf_counter() - started
+    assert all(same(a, b) for a, b in zip(fast, slow)) and len(fast) == len(slow) == 25
+    assert with_workers < 0.75 * in_process, (with_workers, in_process)

@@ -201,24 +201,24 @@ def test_under_scale_the_loader_probe_measures_larger_batches_and_the_walk_moves
 
 
 def test_a_device_loader_too_slow_to_fill_loses_none_of_the_dataloaders_probe_rates(tmp_path):
-    """``loader: device`` first fills device memory with the whole dataset (8,192 items of 5 ms: about 40 s);
-    with a 25 s limit on each probe process it cannot finish. The DataLoader's variants run in a process of
+    """``loader: device`` first fills device memory with the whole dataset (65,536 items of 10 ms: over 40 s
+    even with 16 workers); with a 25 s limit on each probe process it cannot finish. The DataLoader's variants run in a process of
     their own, first, so their rates are kept; the device variant's says it timed out."""
     from autotune.study._budget import StudyClock
     from autotune.study._probes import LoaderProbes
     from autotune.study._progress import _Progress
     from autotune.study._runner import TrialRunner
 
-    space = parse_space(yaml.safe_load(SPACE.replace("num_workers: [0, 1, 2]", "num_workers: [0, 2, 4]\n  loader: [torch, device]")))
+    space = parse_space(yaml.safe_load(SPACE.replace("num_workers: [0, 1, 2]", "num_workers: [0, 4, 8]\n  loader: [torch, device]")))
     baseline = TrialConfig(batch_size=32, cpu_threads=1)
     runner = TrialRunner(target=f"{WORKLOADS}:train_slow_items", logdir=tmp_path, baseline=baseline,
                          budget=Budget(samples=2048, warmup_steps=2, windows=3), timeout=25)
     study = optuna.create_study(directions=["maximize", "minimize"])
     probes = LoaderProbes(study=study, space=space, runner=runner, clock=StudyClock(), seed=0)
-    configs = [baseline.replace(loader="device"), baseline.replace(num_workers=2), baseline.replace(num_workers=4)]
+    configs = [baseline.replace(loader="device"), baseline.replace(num_workers=4), baseline.replace(num_workers=8)]
     with _Progress(False, 1) as ui:
         rates = probes._loaders(configs, ui, keep=0.0)
     records = {TrialConfig.from_dict(p["config"]).describe(): p for p in study.user_attrs[PROBES]}
-    assert rates[1] and rates[2] and rates[2] > rates[1], records  # four workers fetch faster than two
+    assert rates[1] and rates[2] and rates[2] > rates[1], records  # eight workers fetch faster than four
     device = records[configs[0].describe()]
     assert rates[0] is None and device["status"] == "timeout" and device["batched"] == 1, device

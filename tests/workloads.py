@@ -369,13 +369,14 @@ def train_input_bound(ctx) -> None:
 
 
 def train_slow_items(ctx) -> None:
-    """``train_input_bound`` over 8,192 items that take 5 ms each: filling device memory with all of them
-    (``loader: device``) takes about 40 s, where a DataLoader's first batches come in a fraction of it."""
+    """``train_input_bound`` over 65,536 items that take 10 ms each: filling device memory with all of them
+    (``loader: device``) takes over 40 s even with 16 workers, where a DataLoader's first batches come in a
+    fraction of a second."""
     torch.manual_seed(ctx.seed)
     model = ctx.model(tiny_model())
     optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1 * ctx.lr_scale)
     step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
-    for inputs, targets in ctx.batches(ctx.loader(SlowItems(8192, seed=ctx.seed, seconds=0.005))):
+    for inputs, targets in ctx.batches(ctx.loader(SlowItems(65536, seed=ctx.seed, seconds=0.01))):
         step(inputs, targets)
 
 
