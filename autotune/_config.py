@@ -547,6 +547,9 @@ class Result:
     # slowest to the fastest pairing. 0: not noisy. ``noisy_reason`` says which runs, in words.
     noisy: float = 0.0
     noisy_reason: str = ""
+    # Full trials measured faster than the baseline that the accuracy verdict ruled out, in words ("" when none):
+    # why a study found nothing feasible, where that was the reason.
+    ruled_out_faster: str = ""
 
     @property
     def best_config(self) -> Optional[TrialConfig]:
@@ -612,7 +615,7 @@ class Result:
         if self.faster:
             return ""
         if self.best is None:
-            return "nothing feasible was found"
+            return "nothing feasible was found" + (f": {self.ruled_out_faster}" if self.ruled_out_faster else "")
         if self.is_baseline:
             return "the pick is the baseline itself"
         if math.isnan(self.speedup_low):

@@ -271,4 +271,27 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),
         removed_knobs=dict(attrs.get("removed_knobs", {})),
+        ruled_out_faster=_ruled_out_faster(study, evidence.baseline_throughput) if best is None else "",
     )
+
+
+def _ruled_out_faster(study: optuna.Study, baseline_throughput: float) -> str:
+    """The full trials faster than the baseline that the accuracy verdict ruled out, in words ("" when none),
+    with the evidence's length where the budget shortened it: a longer study trains longer evidence."""
+    faster = [t for t in study.get_trials(deepcopy=False)
+              if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("role") != "reference"
+              and t.user_attrs.get("accuracy_verdict") in ("degraded", "diverged")
+              and baseline_throughput > 0 and (t.user_attrs.get("throughput") or 0.0) > baseline_throughput]
+    if not faster:
+        return ""
+    ratios = sorted(t.user_attrs["throughput"] / baseline_throughput for t in faster)
+    first = faster[0]
+    text = (f"{len(faster)} full trial{'s' if len(faster) != 1 else ''} ran {ratios[0]:.1f}x"
+            + (f"-{ratios[-1]:.1f}x" if len(ratios) > 1 else "") + " the baseline's throughput but the accuracy "
+            f"verdict judged {'them' if len(faster) != 1 else 'it'} {first.user_attrs['accuracy_verdict']} (trial "
+            f"#{first.number}: {first.user_attrs.get('accuracy_evidence', 'no evidence recorded')})")
+    shortened = study.user_attrs.get("references_shortened")
+    if isinstance(shortened, dict) and shortened.get("samples") and shortened.get("from_samples"):
+        text += (f"; the evidence was shortened to {shortened['samples']:,} of {shortened['from_samples']:,} samples "
+                 "by the budget: a larger --budget trains longer evidence")
+    return text

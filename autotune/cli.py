@@ -470,7 +470,8 @@ def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
     """``autotune best``'s lines: the config, what it changes, its verdict and how to apply it."""
     study = doc["study"]
     if doc.get("config") is None:
-        return [f"Study {study}: no feasible config was found; see the trials' failures in "
+        why = doc.get("why_none") or ""
+        return [f"Study {study}: {why or 'no feasible config was found'}; see the trials' failures in "
                 f"`autotune report {study}`."]
     base = (doc.get("baseline") or {}).get("config") or {}
     changed = [f"{k}: {base.get(k)} -> {v}" for k, v in doc["config"].items() if base.get(k) != v]

@@ -61,7 +61,7 @@ BEST_CONFIG_KEYS = {
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
     "float8", "allocator", "compile", "time_to_first_faster", "evidence_length", "energy", "real_run",
-    "keep_baseline", "not_recommended",
+    "keep_baseline", "not_recommended", "why_none",
 }
 
 
@@ -111,3 +111,26 @@ def test_config_fields_and_context_helpers_are_kept() -> None:
     public = {name for name in dir(autotune.TrialContext) if not name.startswith("_")}
     assert CONTEXT_HELPERS <= public, sorted(CONTEXT_HELPERS - public)
     assert set(inspect.signature(autotune.TrialContext.train_step).parameters) - {"self"} == TRAIN_STEP_OPTIONS
+
+
+def test_a_study_whose_faster_trials_the_verdict_ruled_out_says_so_and_how_long_its_evidence_was() -> None:
+    """Nothing feasible, but two trials ran 5x and 6x the baseline and were judged degraded on evidence the
+    budget shortened: the result, the summary and best_config.json say that, not only "nothing feasible"."""
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    baseline = autotune.TrialConfig()
+    for key, value in {"baseline_config": baseline.to_dict(), "baseline_throughput": 100.0, "target": "m:f",
+                       "references_shortened": {"samples": 7680, "from_samples": 30720, "seconds": 24.0}}.items():
+        study.set_user_attr(key, value)
+    for rate in (500.0, 600.0):
+        study.add_trial(optuna.trial.create_trial(
+            params={}, distributions={}, values=[rate, 0.0],
+            user_attrs={"config": baseline.replace(precision="bf16").to_dict(), "status": "ok", "throughput": rate,
+                        "accuracy_verdict": "degraded", "accuracy_evidence": "loss higher by +0.07"},
+            system_attrs={"constraints:failure": 0.0, "constraints:accuracy": 0.05},
+        ))
+    result = summarize_study(study)
+    assert result.best is None
+    why = result.why_not_faster
+    assert "2 full trials ran 5.0x-6.0x the baseline's throughput" in why and "degraded" in why, why
+    assert "trial #0: loss higher by +0.07" in why and "7,680 of 30,720 samples" in why and "--budget" in why
+    assert best_config_document(study, result)["why_none"] == why

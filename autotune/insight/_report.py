@@ -138,7 +138,8 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
     lines = [f"Baseline: `{result.baseline.describe()}` at {result.baseline_throughput:,.1f} samples/s ({how}).{source}"]
     best = result.best
     if best is None:
-        lines.append("Best: no feasible config was found.")
+        lines.append("Best: no feasible config was found" + (f": {result.ruled_out_faster}." if result.ruled_out_faster
+                                                              else "."))
     else:
         how = "its median in the same alternation" if alternated else "a single run"
         label = "Best" if result.faster or result.is_baseline else "Fastest other config (not recommended)"
@@ -260,7 +261,7 @@ def plan_lines(split: Mapping[str, Any]) -> list[str]:
         lines.append(f"First faster config: trial #{first.get('trial')} at {first.get('speedup', 0):.2f}x, measured "
                      f"{first['seconds']:.0f} s into the study{share}.")
     elif "first_faster" in split:
-        lines.append("First faster config: no full trial's own run beat the baseline's reference run.")
+        lines.append("First faster config: no feasible full trial's own run beat the baseline's.")
     reused = split.get("references_reused")
     if isinstance(reused, dict):
         lines.append(f"References: reused from study {reused.get('study')!r} ({reused.get('created')}), 0 s.")

@@ -80,7 +80,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
                      if alternated else "samples/s: single runs" + (" (--top-k 0)" if top_k < 1 else ""))
     console.print(table)
     if result.best is None:
-        console.print("No feasible config was found; see the trials' failures in the dashboard.")
+        say("No feasible config was found" + (f": {escape(result.ruled_out_faster)}." if result.ruled_out_faster
+                                               else "; see the trials' failures in the dashboard."))
     else:
         changed = [
             f"{k}: {getattr(result.baseline, k)} -> {v}"
