@@ -151,7 +151,7 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     speed-up divides by that."""
     monkeypatch.setenv(answer_workloads.ITEM_ENV, "0.008")
     space = SPACE.replace("num_workers: [0, 1]", "num_workers: [0, 4]")
-    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=2,
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=8192, space=space, budget_minutes=1.5, n_trials=2,
            reference_loader="prior").run()
     attrs = _study(tmp_path).user_attrs
     # The baseline's own speed run waits for the first full trial (the prior point), then runs once.
@@ -162,7 +162,7 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     assert found["speedup"] == round(found["throughput"] / attrs["baseline_speed"]["throughput"], 3), found
     assert attrs["baseline_config"]["num_workers"] == 0 and attrs["reference_config"]["num_workers"] == 4
     speed = attrs["baseline_speed"]
-    assert attrs["baseline_throughput"] == speed["throughput"] and speed["samples"] < 4096
+    assert attrs["baseline_throughput"] == speed["throughput"] and speed["samples"] < 8192
     reference = next(t for t in _study(tmp_path).trials if t.user_attrs.get("role") == "reference")
     assert reference.user_attrs["config"]["num_workers"] == 4
     assert reference.user_attrs["throughput"] > 1.4 * speed["throughput"]
@@ -174,7 +174,7 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     saved = json.loads((tmp_path / "studies" / "a" / "best_config.json").read_text())
     assert saved["faster"] and saved["config"]["num_workers"] == 4 and saved["speedup_spread"]["low"] > 1.0
     # A second study of the same target reuses the references with the baseline's speed: it runs neither.
-    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=4096, space=space, budget_minutes=1.5, n_trials=1,
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train", samples=8192, space=space, budget_minutes=1.5, n_trials=1,
            reference_loader="prior", study_name="again", top_k=0).run()
     again = _study(tmp_path, "again").user_attrs
     assert again["references_reused"]["study"] == "a" and again["baseline_speed"] == speed

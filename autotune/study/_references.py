@@ -154,23 +154,21 @@ class References:
         """``ran`` (a reference's config) with the baseline's own DataLoader knobs."""
         return ran.replace(**{k: getattr(self._baseline, k) for k in TORCH_LOADER_KNOBS})
 
-    def speed_run(self, study: optuna.Study, ui: _Progress) -> float:
+    def speed_run(self, study: optuna.Study, ui: _Progress) -> None:
         """The baseline's own speed run that ``baseline(defer_speed=True)`` left for later: its rate becomes the
-        study's ``baseline_throughput``. Returns the seconds it took.
+        study's ``baseline_throughput``.
 
         Raises:
             WorkloadError: the speed run failed.
         """
         attrs = study.user_attrs
         if not attrs.get(BASELINE_SPEED_PENDING) or "reference_config" not in attrs:
-            return 0.0
-        started = time.perf_counter()
+            return
         _, speed = self._baseline_speed(TrialConfig.from_dict(attrs["reference_config"]), ui)
         if speed is not None:
             study.set_user_attr("baseline_speed", speed)
             study.set_user_attr("baseline_throughput", speed["throughput"])
         study.set_user_attr(BASELINE_SPEED_PENDING, False)
-        return time.perf_counter() - started
 
     def _baseline_speed(self, ran: TrialConfig, ui: _Progress) -> tuple[TrialConfig, Optional[dict[str, Any]]]:
         """The baseline that the references ran for, and its own speed when they ran with another loader
