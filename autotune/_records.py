@@ -278,11 +278,10 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
 def _ruled_out_faster(study: optuna.Study, baseline_throughput: float) -> str:
     """The full trials faster than the baseline that the accuracy verdict ruled out, in words ("" when none),
     with the evidence's length where the budget shortened it: a longer study trains longer evidence."""
-    from autotune.study._verdict import INFEASIBLE_VERDICTS  # the study layer imports this module
-
     faster = [t for t in study.get_trials(deepcopy=False)
               if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("role") != "reference"
-              and t.user_attrs.get("accuracy_verdict") in INFEASIBLE_VERDICTS
+              # study._verdict's INFEASIBLE_VERDICTS: records sit below the study layer and cannot import it
+              and t.user_attrs.get("accuracy_verdict") in ("degraded", "diverged")
               and baseline_throughput > 0 and (t.user_attrs.get("throughput") or 0.0) > baseline_throughput]
     if not faster:
         return ""
