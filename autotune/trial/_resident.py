@@ -65,8 +65,8 @@ def build(dataset: Any, *, batch_sampler: Any, collate_fn: Callable[[list[Any]],
     if workers:
         # In order (a sequential sampler), collated by the same collate_fn as in-process chunks would be; a
         # worker fetches a whole chunk, so the chunks are small enough for every worker to have several.
-        chunk = max(1, min(CHUNK, -(-n // (4 * workers))))
-        fetched = torch.utils.data.DataLoader(dataset, batch_size=chunk, shuffle=False, num_workers=workers,
+        size = max(1, min(CHUNK, -(-n // (4 * workers))))
+        fetched = torch.utils.data.DataLoader(dataset, batch_size=size, shuffle=False, num_workers=workers,
                                               collate_fn=collate_fn)
         chunks = [_apply(chunk, lambda t: t.to(device)) for chunk in fetched]
     else:
