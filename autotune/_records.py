@@ -295,4 +295,6 @@ def _ruled_out_faster(study: optuna.Study, baseline_throughput: float) -> str:
     if isinstance(shortened, dict) and shortened.get("samples") and shortened.get("from_samples"):
         text += (f"; the evidence was shortened to {shortened['samples']:,} of {shortened['from_samples']:,} samples "
                  "by the budget: a larger --budget trains longer evidence")
+        if shortened.get("full_length_budget_minutes"):
+            text += f" (about --budget {shortened['full_length_budget_minutes']} trains the full length)"
     return text

@@ -5,6 +5,7 @@ second study of the same target (``autotune.study._planner``, ``_references``, `
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import textwrap
@@ -60,6 +61,8 @@ def test_a_reference_too_long_for_its_share_trains_fewer_samples_and_trials_stil
     shortened = study.user_attrs["references_shortened"]
     trained = study.user_attrs["trial_budget"]
     assert shortened["from_samples"] == 4096 and shortened["samples"] < 4096 * 0.5
+    # The budget whose share would train both seeds at full length: the 60 s and what the two seeds lacked.
+    assert shortened["full_length_budget_minutes"] == math.ceil((60 + 2 * shortened["missing_seconds"] / 0.2) / 60) > 1
     assert trained == {"samples": shortened["samples"], "schedule_samples": 4096}
     full = _full_trials(study)
     assert len(full) >= 2, [t.user_attrs.get("status") for t in study.trials]

@@ -119,7 +119,8 @@ def test_a_study_whose_faster_trials_the_verdict_ruled_out_says_so_and_how_long_
     study = optuna.create_study(directions=["maximize", "minimize"])
     baseline = autotune.TrialConfig()
     for key, value in {"baseline_config": baseline.to_dict(), "baseline_throughput": 100.0, "target": "m:f",
-                       "references_shortened": {"samples": 7680, "from_samples": 30720, "seconds": 24.0}}.items():
+                       "references_shortened": {"samples": 7680, "from_samples": 30720, "seconds": 24.0,
+                                                  "full_length_budget_minutes": 12}}.items():
         study.set_user_attr(key, value)
     for rate in (500.0, 600.0):
         study.add_trial(optuna.trial.create_trial(
@@ -132,5 +133,5 @@ def test_a_study_whose_faster_trials_the_verdict_ruled_out_says_so_and_how_long_
     assert result.best is None
     why = result.why_not_faster
     assert "2 full trials ran 5.0x-6.0x the baseline's throughput" in why and "degraded" in why, why
-    assert "trial #0: loss higher by +0.07" in why and "7,680 of 30,720 samples" in why and "--budget" in why
+    assert "trial #0: loss higher by +0.07" in why and "7,680 of 30,720 samples" in why and "about --budget 12 trains the full length" in why
     assert best_config_document(study, result)["why_none"] == why

@@ -46,8 +46,8 @@ FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial 
 REFERENCE, TRIAL, PROBE, STOP = "reference", "trial", "probe", "stop"
 BASELINE_SPEED = "baseline-speed"
 RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
-__all__ = ["BASELINE_SPEED", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP", "TRIAL", "Decision",
-           "StudyView", "first_faster", "next_action", "over_budget_reason", "probes_why", "reference_seconds", "step_levers", "view_of"]
+__all__ = ["BASELINE_SPEED", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP", "TRIAL",
+           "Decision", "StudyView", "first_faster", "full_length_budget", "next_action", "over_budget_reason", "probes_why", "reference_seconds", "step_levers", "view_of"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,12 @@ def reference_seconds(budget_seconds: Optional[float], repeats: int) -> Optional
     if budget_seconds is None:
         return None
     return max(MIN_RUN_S, REFERENCE_SHARE * budget_seconds / max(1, repeats))
+
+
+def full_length_budget(budget_seconds: float, repeats: int, missing_seconds: float) -> float:
+    """The budget, in seconds, whose references' share trains every seed at the space's full length, given
+    the seconds one shortened seed lacked: the share grows by what all seeds lack."""
+    return budget_seconds + repeats * missing_seconds / REFERENCE_SHARE
 
 
 def step_levers(knob_values: Mapping[str, Sequence[Any]]) -> bool:

@@ -9,6 +9,7 @@ does not fit in memory runs at a micro-batch that does, with gradient accumulati
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Optional, Sequence
 
@@ -27,7 +28,7 @@ from autotune._records import (
 from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
 from autotune.study._confirm import speed_budget
-from autotune.study._planner import reference_seconds
+from autotune.study._planner import full_length_budget, reference_seconds
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
@@ -147,8 +148,16 @@ class References:
             "reference_seconds": round(time.perf_counter() - started, 3),
             "reference_wall_seconds": round(runs[0][1].wall_seconds, 3),  # the first run's process, for the cost model
             TRIAL_BUDGET: trial_budget_record(self.runner.budget),
-            "references_shortened": measurements[0].extras.get("shortened"),
+            "references_shortened": self._shortened(measurements[0].extras.get("shortened")),
         }
+
+    def _shortened(self, shortened: Any) -> Any:
+        """The first seed's shortened length, with the budget that would have trained the full length."""
+        budget = self.clock.budget_seconds
+        if not isinstance(shortened, dict) or budget is None or not shortened.get("missing_seconds"):
+            return shortened
+        full = full_length_budget(budget, self.options.reference_repeats, shortened["missing_seconds"])
+        return {**shortened, "full_length_budget_minutes": math.ceil(full / 60)}
 
     def _own_loader(self, ran: TrialConfig) -> TrialConfig:
         """``ran`` (a reference's config) with the baseline's own DataLoader knobs."""

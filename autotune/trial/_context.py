@@ -981,7 +981,9 @@ class StepClock:
         self.steps = self.timed_end
         trained = self.steps // accumulation * ctx.config.global_batch_size
         ctx.extras["shortened"] = {"samples": trained, "from_samples": planned // accumulation
-                                   * ctx.config.global_batch_size, "seconds": ctx.budget.seconds}
+                                   * ctx.config.global_batch_size, "seconds": ctx.budget.seconds,
+                                   # what the full length would have added, at the measured step time
+                                   "missing_seconds": round((planned - self.steps) * step_time, 1)}
 
     def close(self) -> None:
         """The loop ended, or failed: a first step still on the compile clock leaves it."""
