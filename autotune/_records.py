@@ -275,13 +275,6 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
     )
 
 
-def schedule_words(shortened: dict[str, Any]) -> str:
-    """How a shortened run's schedule relates to its length (``references_shortened``), in words."""
-    if shortened.get("schedule") == "whole":
-        return "each a whole schedule of that length, as the real run's ends"
-    return "the schedule spanning the space's full length, of which they trained the start"
-
-
 def _ruled_out_faster(study: optuna.Study, baseline_throughput: float) -> str:
     """The full trials faster than the baseline that the accuracy verdict ruled out, in words ("" when none),
     with the evidence's length where the budget shortened it: a longer study trains longer evidence."""

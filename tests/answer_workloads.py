@@ -12,7 +12,6 @@ STEP_ENV = "AUTOTUNE_TEST_STEP_SECONDS"  # the baseline's step; optimizer_impl=f
 ITEM_ENV = "AUTOTUNE_TEST_ITEM_SECONDS"  # each item's read in the Dataset (the input pipeline's cost)
 FAST_FACTOR = 5.0
 RUNS_ENV = "AUTOTUNE_TEST_RUNS"  # a file: each full run (not a probe) appends the batch it trained at
-SCHEDULE_ENV = "AUTOTUNE_TEST_SCHEDULE"  # a file: each run appends the steps its schedule spans and the steps it trained
 
 
 class SlowItems(torch.utils.data.Dataset):
@@ -43,15 +42,10 @@ def _train(ctx, *, batch_size=None) -> None:
     seconds = float(os.environ.get(STEP_ENV, "0") or 0)
     if ctx.config.optimizer_impl == "fused":  # a step lever the prior point takes (it has no loader knob)
         seconds /= FAST_FACTOR
-    scheduled, trained = ctx.optimizer_steps, 0  # what a OneCycle or cosine schedule would span
     for x, y in ctx.batches(loader):
         if seconds:
             time.sleep(seconds)
         step(x, y)
-        trained += 1
-    if os.environ.get(SCHEDULE_ENV) and not ctx.probe:
-        with open(os.environ[SCHEDULE_ENV], "a") as out:
-            out.write(f"{scheduled} {trained}\n")
     runs = os.environ.get(RUNS_ENV)
     if runs and not ctx.probe:
         with open(runs, "a") as out:

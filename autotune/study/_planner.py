@@ -4,10 +4,9 @@ A study's measurements are not worth the same per second. The planner orders the
 likely to change the pick runs first, and gives each fixed cost a share of the budget rather than all of it:
 
 1. **References, within their share.** Under a budget the fp32 reference seeds together get
-   ``REFERENCE_SHARE`` of it. A short run first learns the reference's pace; where the space's length does
-   not fit a seed's share, every run (seeds and trials) trains a whole schedule of the length that does
-   (``ctx.optimizer_steps`` spans it), so the verdict stays paired and judges where a schedule ends. A seed
-   that still runs past its share is cut (``Budget.seconds``), and every later run trains that many samples.
+   ``REFERENCE_SHARE`` of it. A seed that would run longer trains fewer samples (``Budget.seconds``: its
+   timed windows end inside the share), and every later run trains that many, so the verdict stays paired;
+   the schedule a script reads (``ctx.optimizer_steps``) keeps the space's length.
 2. **The most likely big win next.** Until a full trial other than the reference has run, nothing is
    probed where the space moves the step's knobs too: the reference's step is fp32 and untuned, so a faster
    loader cannot show against it, and the sampler's first proposal (the prior point) is the likeliest answer.

@@ -32,7 +32,6 @@ from autotune.study._planner import full_length_budget, reference_seconds
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
-from autotune.trial._context import SHORTEN_RESERVE
 
 CURVE_POINTS = 128  # points of each reference loss curve kept for the dashboard's plot
 SPEED_WINDOW_STEPS = 2  # optimizer steps in each timed window of the baseline's speed run
@@ -97,11 +96,9 @@ class References:
     def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False, defer_speed: bool = False) -> dict[str, Any]:
         """Train the baseline in fp32 once per seed: baseline throughput, the reference band and metric.
 
-        Under a budget the seeds train within their share (``_planner.reference_seconds``): a short run first
-        learns the reference's pace (``_pace``), and where the space's length does not fit the share, every
-        run, the references' and the trials' (``trial_budget``), trains a whole schedule of the length that
-        does. A seed whose deadline cuts it anyway trains a prefix of that, and every later run that many
-        samples, so every trajectory stays paired with the references'.
+        Under a budget the first seed trains within its share (``_planner.reference_seconds``): when it
+        trains fewer samples than the space's, the runner's budget becomes that length for every later run
+        (``trial_budget``), the schedule's length kept, so every trajectory is paired with the references'.
 
         Args:
             adopt_script_batch: The first seed trains at the batch the script passes to ``ctx.loader`` (when
@@ -114,10 +111,7 @@ class References:
         """
         started = time.perf_counter()
         share = reference_seconds(self.clock.budget_seconds, self.options.reference_repeats)
-        config, paced = self._reference_of(self._baseline), None
-        if share is not None:
-            paced = self._pace(config, share, ui)
-        config, runs = self._runs(config, "reference", "", ui, first_seconds=share,
+        config, runs = self._runs(self._reference_of(self._baseline), "reference", "", ui, first_seconds=share,
                                   adopt_script_batch=adopt_script_batch)
         measurements = []
         for workdir, outcome in runs:
@@ -154,55 +148,11 @@ class References:
             "reference_seconds": round(time.perf_counter() - started, 3),
             "reference_wall_seconds": round(runs[0][1].wall_seconds, 3),  # the first run's process, for the cost model
             TRIAL_BUDGET: trial_budget_record(self.runner.budget),
-            "references_shortened": self._shortened(paced, measurements[0]),
+            "references_shortened": self._shortened(measurements[0].extras.get("shortened")),
         }
 
-    def _pace(self, config: TrialConfig, share: float, ui: _Progress) -> Optional[dict[str, Any]]:
-        """Learn the reference's pace in a short run before its seeds, so that where the space's length does not
-        fit a seed's ``share``, every run trains a whole schedule of the length that does.
-
-        A prefix of the space's schedule would stop a OneCycle or cosine schedule near its peak learning rate,
-        where a clean low-precision run and fp32 still differ by as much as two seeds do (an H200 ConvNeXt-T
-        at 60 of 240 steps); a whole schedule ends annealed, as the real run does. The seeds keep their own
-        deadline, so a misjudged pace still ends them inside the share, as a prefix of this length.
-
-        The run keeps the space's batch (the first seed adopts the script's, as without it): its few steps would
-        not fill a window at a larger one. Returns the shortened length; None where the space's length fits, the
-        loop is not ``ctx.batches``' or the run failed (then the seeds run as they would without it).
-        """
-        ui.status(f"the fp32 reference's pace: {config.describe()}")
-        budget = dataclasses.replace(speed_budget(self.runner.budget, config, SPEED_WINDOW_STEPS),
-                                     schedule_samples=self.runner.budget.scheduled)
-        outcome = self.runner.run(config, "reference-pace", seed=self.seed, budget=budget,
-                                  timeout=self.clock.cap(self.runner.timeout))
-        m = outcome.measurement
-        if not outcome.ok or m is None or m.throughput <= 0:
-            return None
-        if "pairing.batch" not in m.extras:
-            return None  # a trainer's own loop: it trains the space's length (only ``ctx.batches`` shortens)
-        space, batch = self.runner.budget.samples, config.global_batch_size
-        overhead = max(0.0, outcome.wall_seconds - m.samples / m.throughput)  # process, build, compile, exit
-        affordable = int((share - overhead) * (1 - SHORTEN_RESERVE) * m.throughput) // batch * batch
-        if affordable >= space:
-            return None
-        samples = max(affordable, self.runner.budget.min_samples_for(batch) + batch)
-        self.runner.budget = dataclasses.replace(self.runner.budget, samples=samples, seconds=None, schedule_samples=None)
-        ui.say(f"  the fp32 reference trains {m.throughput:,.1f}/s after {overhead:.0f} s of start: each run trains a "
-               f"whole schedule of {samples:,} of the space's {space:,} samples, within a seed's {share:.0f} s")
-        return {"samples": samples, "from_samples": space, "seconds": share, "schedule": "whole",
-                        "missing_seconds": round((space - samples) / m.throughput, 1),
-                        "pace": {"throughput": m.throughput, "overhead_seconds": round(overhead, 2),
-                                 "wall_seconds": round(outcome.wall_seconds, 2)}}
-
-    def _shortened(self, paced: Optional[dict[str, Any]], first: Measurement) -> Any:
-        """The length every run trained where the budget shortened it (the pace's whole schedule, or the first
-        seed's prefix when its deadline cut it too), with the budget that would have trained the full length."""
-        cut = first.extras.get("shortened")
-        shortened = paced
-        if isinstance(cut, dict):
-            shortened = cut if paced is None else {**paced, "samples": cut["samples"], "schedule": "prefix",
-                                                    "missing_seconds": cut.get("missing_seconds", 0.0)
-                                                    + paced["missing_seconds"]}
+    def _shortened(self, shortened: Any) -> Any:
+        """The first seed's shortened length, with the budget that would have trained the full length."""
         budget = self.clock.budget_seconds
         if not isinstance(shortened, dict) or budget is None or not shortened.get("missing_seconds"):
             return shortened
@@ -300,20 +250,14 @@ class References:
     def _after_first_seed(self, config: TrialConfig, extras: dict[str, Any]) -> TrialConfig:
         """The config and the runner's budget for every run after the first seed: at the batch the first
         seed adopted from the script, and the length it trained when its share shortened it."""
-        config = self._adopted(config, extras)
+        adopted = extras.get("batch_adopted")
+        if isinstance(adopted, int) and adopted > 0 and adopted != config.global_batch_size:
+            config = config.replace(batch_size=adopted // config.processes_per_trial, global_batch=None)
         shortened = extras.get("shortened")
         if isinstance(shortened, dict) and isinstance(shortened.get("samples"), int):
             budget = self.runner.budget
             self.runner.budget = dataclasses.replace(budget, samples=shortened["samples"], seconds=None,
                                                      schedule_samples=budget.scheduled)
-        return config
-
-    @staticmethod
-    def _adopted(config: TrialConfig, extras: dict[str, Any]) -> TrialConfig:
-        """``config`` at the batch a run adopted from the script (``extras["batch_adopted"]``)."""
-        adopted = extras.get("batch_adopted")
-        if isinstance(adopted, int) and adopted > 0 and adopted != config.global_batch_size:
-            config = config.replace(batch_size=adopted // config.processes_per_trial, global_batch=None)
         return config
 
     def at_batch(self, study: optuna.Study, config: TrialConfig, ui: _Progress) -> float:

@@ -48,13 +48,18 @@ class OffsetMLP(nn.Module):
         return self.out(h)
 
 
-def _train(ctx, offset: float) -> None:
+def _train(ctx, offset: float, max_lr: float = 0.0) -> None:
     torch.manual_seed(ctx.seed)
     model = ctx.model(OffsetMLP(offset))
     optimizer = ctx.optimizer(torch.optim.Adam, model.parameters(), lr=0.03 * ctx.lr_scale)
     step = ctx.train_step(model, optimizer, nn.MSELoss())
+    # With max_lr, OneCycle over the run's schedule (ctx.optimizer_steps), as many users' scripts anneal.
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=max_lr * ctx.lr_scale,
+                                                   total_steps=ctx.optimizer_steps) if max_lr else None
     for x, y in ctx.batches(ctx.loader(data(4096, seed=0))):
         step(x, y)
+        if schedule is not None and schedule.last_epoch + 1 < ctx.optimizer_steps:
+            schedule.step()
     x, y = (ctx.to_device(t) for t in data(2048, seed=10_000).tensors)
     with torch.no_grad(), ctx.autocast():
         mse = ((model(x).float() - y) ** 2).mean().item()
@@ -82,3 +87,15 @@ def train_harmed(ctx) -> None:
 
 def train_clean(ctx) -> None:
     _train(ctx, 0.0)
+
+
+ONECYCLE_MAX_LR = float(os.environ.get("AUTOTUNE_PLANTED_MAX_LR", "0.1"))
+
+
+def train_harmed_onecycle(ctx) -> None:
+    """``train_harmed`` with OneCycle over the run's schedule (``AUTOTUNE_PLANTED_MAX_LR``, default 0.1)."""
+    _train(ctx, float(os.environ.get("AUTOTUNE_PLANTED_OFFSET", DEFAULT_OFFSET)), ONECYCLE_MAX_LR)
+
+
+def train_clean_onecycle(ctx) -> None:
+    _train(ctx, 0.0, ONECYCLE_MAX_LR)
