@@ -89,6 +89,20 @@ def test_a_script_batch_is_learnt_in_the_first_seed_and_no_seed_runs_twice(tmp_p
     assert study.user_attrs["global_batch"] == 16 and study.trials[0].user_attrs["config"]["batch_size"] == 16
 
 
+def test_a_reference_with_the_prior_loader_at_the_scripts_batch_is_trial_0(tmp_path, cpu_caps) -> None:
+    """The references ran with the prior point's loader at the batch the script passes (16, not the space's
+    32): that config is a point of the space, so it is trial 0, a candidate for the pick like any other (on
+    the H200 both model-zoo studies left it out, a 2x fp32 config that no verdict could rule out)."""
+    space = SPACE.replace("global_batch: 32\n", "").replace("batch_size: [32]", "batch_size: [16, 32]") % 1024
+    _tuner(tmp_path, cpu_caps, f"{WORKLOADS}:train_at_batch_16", mode="create", space=space, n_trials=2,
+           reference_loader="prior").run()
+    study = _study(tmp_path)
+    reference = study.user_attrs["reference_config"]
+    assert reference["batch_size"] == 16 and reference["global_batch"] == study.user_attrs["global_batch"] == 16
+    first = study.trials[0].user_attrs
+    assert first.get("role") == "reference" and first["config"] == reference, first.get("config")
+
+
 def test_an_input_bound_reference_with_an_untuned_step_runs_the_prior_point_before_any_probe(
         tmp_path, cpu_caps, monkeypatch) -> None:
     """The reference waits on its input, but its step is the ceiling the prior point lifts: the first full

@@ -252,7 +252,10 @@ class References:
         seed adopted from the script, and the length it trained when its share shortened it."""
         adopted = extras.get("batch_adopted")
         if isinstance(adopted, int) and adopted > 0 and adopted != config.global_batch_size:
-            config = config.replace(batch_size=adopted // config.processes_per_trial, global_batch=None)
+            # Under ``fixed`` the script's batch is the global batch too, as the space's baseline states it once
+            # it adopts the script's batch: the reference config must equal that point to be trial 0.
+            config = config.replace(batch_size=adopted // config.processes_per_trial,
+                                    global_batch=adopted if config.batch_policy == "fixed" else None)
         shortened = extras.get("shortened")
         if isinstance(shortened, dict) and isinstance(shortened.get("samples"), int):
             budget = self.runner.budget
