@@ -558,3 +558,37 @@ def test_values_that_won_on_separate_lines_are_tried_together_first():
                   reference=False) for i, (change, _) in enumerate(runs)]
     nxt = sampler.propose(flat)
     assert sum(nxt[k] != flat[-1].params[k] for k in nxt) == 1
+
+
+def test_a_prior_point_that_misses_the_accuracy_bound_moves_to_more_precise_values_first():
+    """Under ``fixed`` (global batch 128), the prior point (bf16) ran fast but missed the accuracy bound, and
+    nothing but the fp32 reference passed: the walk's next moves keep the prior's other knobs and try the more
+    precise values (fp16, then tf32), never fp8, which keeps less of fp32's arithmetic than a precision that
+    already missed (rule 11). Before, the walk moved the batch first and tried fp8 among the precisions, as
+    the H200 ConvNeXt-T study did (bf16 at micro-batch 128, then fp8)."""
+    space = {"precision": CategoricalDistribution(["fp32", "tf32", "fp16", "bf16", "fp8"]),
+             "batch_size": CategoricalDistribution([64, 128]),
+             "compile": CategoricalDistribution(["off", "default"]),
+             "num_workers": CategoricalDistribution([0, 8])}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize",
+                                sampler=GuidedSampler(search_space=space, seed=0, whole_batch=128))
+    study.add_trial(optuna.trial.create_trial(
+        params={"precision": "fp32", "batch_size": 64, "compile": "off", "num_workers": 0}, distributions=space,
+        value=100.0, user_attrs={"status": "ok", "role": "reference"}, system_attrs={"constraints:failure": 0.0}))
+    precisions = []
+    for _ in range(4):
+        trial = study.ask()
+        params = {name: trial.suggest_categorical(name, d.choices) for name, d in space.items()}
+        precisions.append(params["precision"])
+        missed = params["precision"] in ("bf16", "fp16")  # tf32 and fp32 pass
+        trial.set_user_attr("status", "ok")
+        trial.set_constraint("failure", 1.0 if missed else 0.0)
+        study.tell(trial, {"fp8": 700.0, "bf16": 600.0, "fp16": 590.0, "tf32": 400.0}.get(params["precision"], 150.0))
+        if precisions[0] != "bf16":
+            break
+    assert precisions[:3] == ["bf16", "fp16", "tf32"], precisions
+    first = study.trials[1].params
+    assert all({k: v for k, v in t.params.items() if k != "precision"} == {k: v for k, v in first.items() if k != "precision"}
+               for t in study.trials[1:4]), [t.params for t in study.trials]
+    assert "fp8" not in precisions[:3]

@@ -59,6 +59,12 @@ random until a model forms, the sampler:
    is the next move (one is enough: the workers the loader probes found at the reference's config, joined to
    the prior point's precision and batch). Knob effects are close to separable, so values that won on
    different lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
+11. steers away from an accuracy miss: a precision that keeps less of fp32's arithmetic (``PRECISION_RANK``)
+   than one that missed the accuracy bound at the same other knobs is not proposed (it would miss too); and
+   where the prior point missed the bound under ``batch_policy: fixed`` and nothing but the reference
+   passed, its precision is the likeliest cause, so the walk first tries the prior with each precision that keeps as much or more, nearest
+   first (bf16 missed: fp16, tf32, then fp32), before the whole-batch move and the single moves, each of which
+   would miss the same way.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -206,6 +212,10 @@ COMBINE_MIN_TRIALS = 3
 FAILS_TO_DROP = 2
 # Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
 # segments change nothing a trial could measure, and a study would pay a trial for each incumbent to learn so.
+# How much of fp32's arithmetic a precision keeps: a precision that missed the accuracy bound makes every lower
+# one miss too (rule 11). bf16 and fp16 rank alike: fp16 keeps more significand, bf16 more range, and either
+# can miss where the other passes.
+PRECISION_RANK = {"fp8": 0, "bf16": 1, "fp16": 1, "tf32": 2, "fp32": 3}
 MEMORY_ONLY = frozenset({("allocator", "expandable")})
 # Values that need less device memory than their alternatives, at some speed: recomputed activations, no
 # graph-private memory pool, no cuDNN autotuning workspace. After an out-of-memory at a larger batch than the
@@ -334,11 +344,16 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         ooms = [(s.number, s.params) for s in seen if s.oom]
         dropped = self._dropped(seen)
         gated = set(MEMORY_ONLY)  # opened below, once the incumbent is known, where memory binds
+        misses = self._accuracy_misses(seen)
+        below = {(self._rest_key(s.params, "precision"), s.params["precision"]) for s in misses}
 
         def fresh(candidate: dict[str, Any], *, allow_dropped: bool = False) -> bool:
             asked = self._asked(candidate)
             if self._key(asked) in taken or infeasible_reason(asked, ooms) is not None:
                 return False
+            if "precision" in asked and any(rest == self._rest_key(asked, "precision") and _less_precise(
+                    asked["precision"], missed) for rest, missed in below):
+                return False  # rule 11: less precise than a precision that missed the bound at the same knobs
             if self._cannot_run(asked) is not None or any((k, v) in gated for k, v in asked.items()):
                 return False
             return allow_dropped or not any((k, v) in dropped for k, v in asked.items())
@@ -356,6 +371,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if roomier is not None:
             gated.clear()
         for candidate in self._restores(seen, prior, anchor, best):
+            if fresh(candidate):
+                return candidate
+        for candidate in self._precision_repairs(misses, anchor, failed_anchor):
             if fresh(candidate):
                 return candidate
         whole = self._whole_batch(seen, anchor)
@@ -401,6 +419,26 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             if fresh(candidate, allow_dropped=attempt >= 1000):  # dropped values only once little else is left
                 return candidate
         return None
+
+    def _precision_repairs(self, misses: list[_Seen], anchor: dict[str, Any], failed: bool) -> list[dict[str, Any]]:
+        """Where the prior point missed the accuracy bound and nothing but the reference passed (``failed``):
+        the prior with each precision that keeps as much or more of fp32's arithmetic, nearest first (rule 11).
+        Its precision is the likeliest cause, and every other move at it would miss the same way."""
+        # Only under ``fixed`` (a whole batch is known): every config trains the baseline's global batch, so the
+        # precision is what changes the numerics. Under ``scale`` a larger batch misses as often (the replayed
+        # family's accuracy models), and a precision repair there held the walk in fp32 for ten trials.
+        if not failed or self._whole_batch_value is None or "precision" not in anchor \
+                or anchor["precision"] not in {s.params["precision"] for s in misses}:
+            return []
+        rank = PRECISION_RANK.get(anchor["precision"], 0)
+        ladder = [v for v in self._value_order("precision", anchor["precision"]) if PRECISION_RANK.get(v, -1) >= rank]
+        return [{**anchor, "precision": v} for v in sorted(ladder, key=lambda v: PRECISION_RANK[v])]
+
+    @staticmethod
+    def _accuracy_misses(seen: list[_Seen]) -> list[_Seen]:
+        """Trials that ran and missed the accuracy bound (measured, not feasible, not a fault), with a precision."""
+        return [s for s in seen if "precision" in s.params and s.value is not None and not s.feasible
+                and not s.oom and not s.failed and not s.reference]
 
     def _whole_batch_fits(self, seen: list[_Seen]) -> bool:
         """Under ``fixed``, whether a run at the whole global batch as one micro-batch, or a larger one, fitted
@@ -844,6 +882,12 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         slow_compile=next(iter(slow_compile_modes([attrs])), None),
         refused=_refused(attrs.get("refused_value")),
     )
+
+
+def _less_precise(value: Any, than: Any) -> bool:
+    """Whether precision ``value`` keeps less of fp32's arithmetic than ``than`` (``PRECISION_RANK``)."""
+    rank, other = PRECISION_RANK.get(value), PRECISION_RANK.get(than)
+    return rank is not None and other is not None and rank < other
 
 
 def _undiagnosed(best: Optional[_Seen]) -> bool:
