@@ -62,9 +62,9 @@ random until a model forms, the sampler:
 11. steers away from an accuracy miss: a precision that keeps less of fp32's arithmetic (``PRECISION_RANK``)
    than one that missed the accuracy bound at the same other knobs is not proposed (it would miss too); and
    where the prior point missed the bound under ``batch_policy: fixed`` and nothing but the reference
-   passed, its precision is the likeliest cause, so the walk first tries the prior with each precision that keeps as much or more, nearest
-   first (bf16 missed: fp16, tf32, then fp32), before the whole-batch move and the single moves, each of which
-   would miss the same way.
+   passed, its precision is the likeliest cause, so the walk first tries the prior with each precision that
+   keeps as much or more, nearest first (bf16 missed: fp16, tf32, then fp32), before the whole-batch move
+   and the single moves, each of which would miss the same way.
 
 Its state is the study's trials, nothing else, so it resumes, and several workers share one study:
 running trials count as taken. Studies stay ordinary Optuna studies.
@@ -210,12 +210,12 @@ COMBINE_RIDGE = 0.1
 COMBINE_MIN_TRIALS = 3
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
-# Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
-# segments change nothing a trial could measure, and a study would pay a trial for each incumbent to learn so.
 # How much of fp32's arithmetic a precision keeps: a precision that missed the accuracy bound makes every lower
 # one miss too (rule 11). bf16 and fp16 rank alike: fp16 keeps more significand, bf16 more range, and either
 # can miss where the other passes.
 PRECISION_RANK = {"fp8": 0, "bf16": 1, "fp16": 1, "tf32": 2, "fp32": 3}
+# Values that help only where memory binds, proposed only then (rule 9 of the module doc): elsewhere expandable
+# segments change nothing a trial could measure, and a study would pay a trial for each incumbent to learn so.
 MEMORY_ONLY = frozenset({("allocator", "expandable")})
 # Values that need less device memory than their alternatives, at some speed: recomputed activations, no
 # graph-private memory pool, no cuDNN autotuning workspace. After an out-of-memory at a larger batch than the

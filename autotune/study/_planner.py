@@ -46,8 +46,9 @@ FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial 
 REFERENCE, TRIAL, PROBE, STOP = "reference", "trial", "probe", "stop"
 BASELINE_SPEED = "baseline-speed"
 RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
-__all__ = ["BASELINE_SPEED", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP", "TRIAL",
-           "Decision", "StudyView", "first_faster", "full_length_budget", "next_action", "over_budget_reason", "probes_why", "reference_seconds", "step_levers", "view_of"]
+__all__ = ["BASELINE_SPEED", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP",
+           "TRIAL", "Decision", "StudyView", "first_faster", "full_length_budget", "next_action", "over_budget_reason",
+           "probes_why", "reference_seconds", "step_levers", "view_of"]
 
 
 @dataclass(frozen=True)
