@@ -351,9 +351,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             asked = self._asked(candidate)
             if self._key(asked) in taken or infeasible_reason(asked, ooms) is not None:
                 return False
-            if "precision" in asked and any(rest == self._rest_key(asked, "precision") and _less_precise(
-                    asked["precision"], missed) for rest, missed in below):
-                return False  # rule 11: less precise than a precision that missed the bound at the same knobs
+            if below and "precision" in asked:
+                rest = self._rest_key(asked, "precision")
+                if any(at == rest and _less_precise(asked["precision"], missed) for at, missed in below):
+                    return False  # rule 11: less precise than a precision that missed the bound at the same knobs
             if self._cannot_run(asked) is not None or any((k, v) in gated for k, v in asked.items()):
                 return False
             return allow_dropped or not any((k, v) in dropped for k, v in asked.items())

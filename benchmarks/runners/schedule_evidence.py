@@ -8,7 +8,7 @@ shorter length (``ctx.optimizer_steps`` spans what they train). This runs ``benc
 OneCycle variants in this process through the real trial entry point, on the CPU, at a global batch of 64:
 the space's length is ``SPACE_SAMPLES`` and the budget's a quarter of it. Per study seed and way: fp32
 references at seeds s and s+1, and bf16 at seed s, of the clean model (a verdict other than ``equivalent`` or
-``unchecked`` is a false alarm) and of the harmed one at two offsets (``equivalent`` is a miss). The verdict is
+``unchecked`` is a false alarm) and of the harmed one at three offsets (``equivalent`` is a miss). The verdict is
 the study's (``judge``: paired at the seed, the band where the pairing decayed within the margin), with the
 metric (held-out R²) and on the loss alone.
 """
@@ -19,11 +19,9 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -54,11 +52,11 @@ def _run(fn: str, config: TrialConfig, budget: Budget, seed: int, offset: float)
 
 
 def _verdict(trial: Measurement, refs: list[Measurement], *, metric: bool) -> str:
-    band = ReferenceBand.of_measurements(refs)
     if not metric:
-        band = ReferenceBand.of_measurements([Measurement.from_dict({**r.to_dict(), "metric": None}) for r in refs])
+        refs = [Measurement.from_dict({**r.to_dict(), "metric": None}) for r in refs]
+    band = ReferenceBand.of_measurements(refs)
     return judge(trial.losses, trial.metric if metric else None, band,
-                 reference_metric=refs[0].metric if metric else None, max_accuracy_loss=0.01,
+                 reference_metric=refs[0].metric, max_accuracy_loss=0.01,
                  loss_every=trial.loss_every, pairing=fingerprints(trial.extras), precision="bf16").label
 
 
