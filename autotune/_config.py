@@ -547,8 +547,8 @@ class Result:
     # slowest to the fastest pairing. 0: not noisy. ``noisy_reason`` says which runs, in words.
     noisy: float = 0.0
     noisy_reason: str = ""
-    # Full trials measured faster than the baseline that the accuracy verdict ruled out, in words ("" when none):
-    # why a study found nothing feasible, where that was the reason.
+    # Full trials measured faster than the baseline and the pick that the accuracy verdict ruled out, in words
+    # ("" when none): why a study found nothing feasible, or why its pick is slower than a config it measured.
     ruled_out_faster: str = ""
 
     @property

@@ -271,18 +271,21 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),
         removed_knobs=dict(attrs.get("removed_knobs", {})),
-        ruled_out_faster=_ruled_out_faster(study, evidence.baseline_throughput) if best is None else "",
+        ruled_out_faster=_ruled_out_faster(study, evidence.baseline_throughput,
+                                           best.throughput if best is not None else 0.0),
     )
 
 
-def _ruled_out_faster(study: optuna.Study, baseline_throughput: float) -> str:
-    """The full trials faster than the baseline that the accuracy verdict ruled out, in words ("" when none),
-    with the evidence's length where the budget shortened it: a longer study trains longer evidence."""
+def _ruled_out_faster(study: optuna.Study, baseline_throughput: float, pick_throughput: float = 0.0) -> str:
+    """The full trials faster than the baseline and the pick (``pick_throughput``) that the accuracy verdict
+    ruled out, in words ("" when none), with the evidence's length where the budget shortened it: a longer study
+    trains longer evidence. A pick slower than such a trial is the answer on this evidence, not the workload's."""
+    bar = max(baseline_throughput, pick_throughput)
     faster = [t for t in study.get_trials(deepcopy=False)
               if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("role") != "reference"
               # study._verdict's INFEASIBLE_VERDICTS: records sit below the study layer and cannot import it
               and t.user_attrs.get("accuracy_verdict") in ("degraded", "diverged")
-              and baseline_throughput > 0 and (t.user_attrs.get("throughput") or 0.0) > baseline_throughput]
+              and baseline_throughput > 0 and (t.user_attrs.get("throughput") or 0.0) > bar]
     if not faster:
         return ""
     ratios = sorted(t.user_attrs["throughput"] / baseline_throughput for t in faster)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 import optuna
 import pytest
@@ -61,7 +62,7 @@ BEST_CONFIG_KEYS = {
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
     "float8", "allocator", "compile", "time_to_first_faster", "evidence_length", "energy", "real_run",
-    "keep_baseline", "not_recommended", "why_none",
+    "keep_baseline", "not_recommended", "why_none", "ruled_out_faster",
 }
 
 
@@ -113,15 +114,21 @@ def test_config_fields_and_context_helpers_are_kept() -> None:
     assert set(inspect.signature(autotune.TrialContext.train_step).parameters) - {"self"} == TRAIN_STEP_OPTIONS
 
 
-def test_a_study_whose_faster_trials_the_verdict_ruled_out_says_so_and_how_long_its_evidence_was() -> None:
-    """Nothing feasible, but two trials ran 5x and 6x the baseline and were judged degraded on evidence the
-    budget shortened: the result, the summary and best_config.json say that, not only "nothing feasible"."""
+def _study_with_shortened_references(samples: int, full_length_minutes: int) -> tuple[optuna.Study, Any]:
+    """A study whose baseline ran at 100 samples/s and whose references the budget shortened to ``samples``."""
     study = optuna.create_study(directions=["maximize", "minimize"])
     baseline = autotune.TrialConfig()
     for key, value in {"baseline_config": baseline.to_dict(), "baseline_throughput": 100.0, "target": "m:f",
-                       "references_shortened": {"samples": 7680, "from_samples": 30720, "seconds": 24.0,
-                                                  "full_length_budget_minutes": 12}}.items():
+                       "references_shortened": {"samples": samples, "from_samples": 30720, "seconds": 24.0,
+                                                  "full_length_budget_minutes": full_length_minutes}}.items():
         study.set_user_attr(key, value)
+    return study, baseline
+
+
+def test_a_study_whose_faster_trials_the_verdict_ruled_out_says_so_and_how_long_its_evidence_was() -> None:
+    """Nothing feasible, but two trials ran 5x and 6x the baseline and were judged degraded on evidence the
+    budget shortened: the result, the summary and best_config.json say that, not only "nothing feasible"."""
+    study, baseline = _study_with_shortened_references(7680, 12)
     for rate in (500.0, 600.0):
         study.add_trial(optuna.trial.create_trial(
             params={}, distributions={}, values=[rate, 0.0],
@@ -135,3 +142,35 @@ def test_a_study_whose_faster_trials_the_verdict_ruled_out_says_so_and_how_long_
     assert "2 full trials ran 5.0x-6.0x the baseline's throughput" in why and "degraded" in why, why
     assert "trial #0: loss higher by +0.07" in why and "7,680 of 30,720 samples" in why and "about --budget 12 trains the full length" in why
     assert best_config_document(study, result)["why_none"] == why
+
+
+def test_a_pick_slower_than_a_trial_the_verdict_ruled_out_names_that_trial_and_its_evidence(capsys, tmp_path) -> None:
+    """A pick at 1.3x (a loader change) while the prior point ran 10x and was judged degraded on evidence the
+    budget shortened: the summary, the report and best_config.json say so beside the pick. Trials slower than
+    the pick are not named."""
+    from autotune.insight._report import summary_lines
+    from autotune.integrations._summary import print_summary
+
+    study, baseline = _study_with_shortened_references(6400, 15)
+    trials = [(130.0, baseline.replace(num_workers=8), "equivalent", "within"),
+              (1000.0, baseline.replace(precision="bf16"), "degraded", "loss higher by +0.0135"),
+              (120.0, baseline.replace(precision="fp16"), "degraded", "loss higher by +0.2")]
+    for rate, config, verdict, evidence in trials:
+        study.add_trial(optuna.trial.create_trial(
+            params={}, distributions={}, values=[rate, 0.0],
+            user_attrs={"config": config.to_dict(), "status": "ok", "throughput": rate,
+                        "accuracy_verdict": verdict, "accuracy_evidence": evidence},
+            system_attrs={"constraints:failure": 0.0 if verdict == "equivalent" else 1.0,
+                          "constraints:accuracy": 0.0 if verdict == "equivalent" else 0.05},
+        ))
+    result = summarize_study(study)
+    assert result.best is not None and result.best.number == 0
+    note = result.ruled_out_faster
+    assert note.startswith("1 full trial ran 10.0x the baseline's throughput") and "trial #1" in note, note
+    assert "6,400 of 30,720 samples" in note and "about --budget 15 trains the full length" in note, note
+    assert "trial #2" not in note
+    document = best_config_document(study, result)
+    assert document["ruled_out_faster"] == note and document["why_none"] is None
+    assert any(line == f"Faster, but ruled out: {note}." for line in summary_lines(study, {}))
+    print_summary(result, storage=None, studies_dir=str(tmp_path))
+    assert "Faster, but ruled out: 1 full trial ran 10.0x" in " ".join(capsys.readouterr().out.split())

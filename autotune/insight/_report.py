@@ -149,6 +149,8 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         else:
             text += f"verdict: {NO_FASTER_CONFIG}: {result.why_not_faster}; keep the baseline."
         lines.append(text)
+        if result.ruled_out_faster:
+            lines.append(f"Faster, but ruled out: {result.ruled_out_faster}.")
     if best is not None:
         energy = energy_record(study.trials[best.number].user_attrs, cuda=bool((attrs.get("hardware") or {}).get("cuda")))
         lines.append(f"Energy of the best: {energy['what']}.")

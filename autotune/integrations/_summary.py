@@ -122,6 +122,8 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
             say(f"Float8: {escape(chosen.float8_training)}.")
         if chosen.allocator != "default":
             say(f"Allocator: {escape(chosen.memory_allocator)}.")
+        if result.ruled_out_faster:
+            say(f"Faster, but ruled out: {escape(result.ruled_out_faster)}.")
         _say_accuracy(say, result)
         say(f"Energy: {(_document(result).get('energy') or {}).get('what', 'not measured')}.")
         if (_document(result).get("real_run") or {}).get("what"):
