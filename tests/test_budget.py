@@ -172,7 +172,7 @@ def test_sigint_after_the_first_trial_writes_an_unconfirmed_pick(tmp_path):
 
 def test_the_race_stops_early_on_a_clearly_faster_finalist(tmp_path, cpu_caps, monkeypatch):
     fast, second, third = _key(num_workers=1), _key(num_workers=2), _key(num_workers=3)
-    for key, value in _env(tmp_path, {fast: 2000.0, second: 1200.0, third: 1100.0}, default=500.0,
+    for key, value in _env(tmp_path, {fast: 2000.0, second: 1750.0, third: 1700.0}, default=500.0,
                            time_scale=0.0).items():
         monkeypatch.setenv(key, value)
     enqueue = [{"num_workers": 1}, {"num_workers": 2}, {"num_workers": 3}]
@@ -182,9 +182,32 @@ def test_the_race_stops_early_on_a_clearly_faster_finalist(tmp_path, cpu_caps, m
     # Round 1: the three finalists and the baseline; the two slower ones drop; round 2: the leader and
     # the baseline's second run. Six runs where a fixed alternation of 3 rounds runs twelve.
     assert len(race["rounds"]) == 2 and race["race"]["runs"] == 6
-    assert set(race["race"]["dropped"]) == {str(n) for n in race["trials"] if race["medians"][str(n)] < 1500}
+    assert set(race["race"]["dropped"]) == {str(n) for n in race["trials"] if race["medians"][str(n)] < 1900}
     assert result.best.config.num_workers == 1 and result.faster and result.speedup_rounds == 2
     assert not race["race"]["noisy"] and all("load_1min" in v for load in race["race"]["load"] for v in load.values())
+
+
+def test_a_config_far_slower_than_the_leader_is_no_finalist_and_its_run_is_not_reserved(tmp_path, cpu_caps, monkeypatch):
+    """Of the three fastest, one ran at 1,000 against the leader's 2,000: more than OUT_OF_REACH apart, so it is
+    not raced (nor reserved for), while the one at 1,750 is raced and dropped as today."""
+    from autotune.study._confirm import OUT_OF_REACH, _entrants, race_seconds
+
+    fast, near, far = _key(num_workers=1), _key(num_workers=2), _key(num_workers=3)
+    for key, value in _env(tmp_path, {fast: 2000.0, near: 1750.0, far: 1000.0}, default=500.0,
+                           time_scale=0.0).items():
+        monkeypatch.setenv(key, value)
+    enqueue = [{"num_workers": 1}, {"num_workers": 2}, {"num_workers": 3}]
+    result = _tuner(tmp_path, cpu_caps, n_trials=4, sampler=_Enqueued(enqueue)).run()
+    study = _study(tmp_path)
+    race = study.user_attrs["top_k_confirmation"]
+    number = {t.user_attrs["config"]["num_workers"]: t.number for t in study.trials if t.user_attrs.get("config")}
+    assert 2000.0 > OUT_OF_REACH * 1000.0 and 2000.0 < OUT_OF_REACH * 1750.0
+    assert race["trials"] == [number[1], number[2]]
+    assert all(str(number[3]) not in r for r in race["rounds"])
+    assert set(race["race"]["dropped"]) == {str(number[2])} and result.best.config.num_workers == 1
+    # The race's reservation during the trials prices the same entrants: the far one is not among them.
+    entrants = _entrants(study, 3)[0]
+    assert str(number[3]) not in [key for key, _, _ in entrants] and race_seconds(study, 3) > 0
 
 
 def test_the_race_keeps_racing_a_tie(tmp_path, cpu_caps, monkeypatch):

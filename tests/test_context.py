@@ -349,8 +349,9 @@ def test_a_time_share_shortens_the_windows_and_keeps_the_schedule_length() -> No
     assert scheduled == 400 and ctx.optimizer_steps == 400
     shortened = ctx.extras["shortened"]
     assert steps < 400 and shortened["samples"] == steps * 32 and shortened["from_samples"] == 400 * 32
-    # The steps left out, at the step time measured (over 10 ms each): what the full length would have added.
-    assert (400 - steps) * 0.01 <= shortened["missing_seconds"] <= (400 - steps) * 0.05, shortened
+    # The steps left out, at the step time measured (over 10 ms each; a loaded machine stretched it to 54 ms once):
+    # what the full length would have added.
+    assert (400 - steps) * 0.01 <= shortened["missing_seconds"] <= (400 - steps) * 0.1, shortened
     windows = [w.steps for w in ctx.recorder.windows]
     assert len(windows) == 3 and len(set(windows)) == 1 and steps == 2 + 3 * windows[0]
 

@@ -63,6 +63,10 @@ NOISY_MACHINE = 0.20
 # full trial differing by more than this (max / min - 1): a race run is shorter than a trial (about a second
 # a window), so the two agree less closely than two race runs, yet a factor of 1.5 is no measurement error.
 TRIAL_GAP = 0.5
+# A config whose trial ran more than this many times slower than the leader's trial is no finalist: two full
+# trials that far apart are no measurement error (as TRIAL_GAP says), and its race run would cost a short budget
+# a trial (on an H100, ConvNeXt-T's fp32 reference beside bf16 at 7x: about 17 s, with 89 s left).
+OUT_OF_REACH = 1 + TRIAL_GAP
 # A race run measures speed alone (its config's accuracy was judged in its trial), so it trains only its
 # warm-up and timed windows of about this many seconds each at the config's known rate, never longer than
 # a trial. The slow fp32 baseline's runs shrink most: on the H200 demo, 8 s instead of 35 s.
@@ -88,13 +92,14 @@ def speed_budget(budget: Budget, config: TrialConfig, window_steps: int) -> Budg
 
 
 def _candidates(study: optuna.Study, top_k: int) -> tuple[list[TrialRecord], Optional[TrialRecord], TrialConfig]:
-    """The K fastest distinct feasible configs by their first run, and the baseline's trial (if it is one)."""
+    """The K fastest distinct feasible configs by their first run, less those out of reach (``OUT_OF_REACH``),
+    and the baseline's trial (if it is one)."""
     feasible = _feasible(study)
     ranked: list[TrialRecord] = []
     for record in sorted(feasible, key=lambda r: -r.throughput):
         if record.config not in [r.config for r in ranked]:
             ranked.append(record)
-    ranked = ranked[:top_k]
+    ranked = [r for r in ranked[:top_k] if r.throughput * OUT_OF_REACH >= ranked[0].throughput]
     baseline = TrialConfig.from_dict(study.user_attrs["baseline_config"])
     baseline_trial = next((r for r in ranked if r.config == baseline), None)
     baseline_trial = baseline_trial or next((r for r in feasible if r.config == baseline), None)
