@@ -219,8 +219,14 @@ def test_knobs_flat_alone_are_still_tried_in_pairs_where_the_best_needs_two_move
 
 
 def test_moves_go_by_expected_gain_and_cost_only_breaks_near_ties():
-    # Memory-bound at bf16 bs256 compiled: a new batch recompiles (40 s seen), precision reuses the shapes.
-    study = _study()
+    # Memory-bound at bf16 bs256 compiled: a new batch recompiles (40 s seen), fp16 reuses bf16's compile.
+    space = {**SPACE, "precision": CategoricalDistribution(["fp32", "fp16", "bf16"])}
+    study = optuna.create_study(direction="maximize", sampler=GuidedSampler(search_space=space, seed=0))
+
+    def _ask(study):
+        trial = study.ask()
+        return trial, {name: trial.suggest_categorical(name, d.choices) for name, d in space.items()}
+
     trial, prior = _ask(study)
     _tell(study, trial, 100.0, diagnosis="memory-capacity-bound", wall_seconds=60.0, compile_seconds=40.0)
     trial, params = _ask(study)
@@ -230,14 +236,16 @@ def test_moves_go_by_expected_gain_and_cost_only_breaks_near_ties():
     assert params == {**prior, "batch_size": 512}
     _tell(study, trial, 50.0, wall_seconds=60.0, compile_seconds=40.0)
     trial, params = _ask(study)
-    # Next the batch down (1/2, a fresh compile) and precision (1/2, cached shapes) tie: the cheaper first.
-    assert params == {**prior, "precision": "fp32"}
+    # Next the batch down (1/2, a fresh compile) and fp16 (1/2, bf16's compile cached) tie: the cheaper first.
+    assert params == {**prior, "precision": "fp16"}
 
 
 # -- the cost model -----------------------------------------------------------------------------------
-def test_compile_groups_share_shapes_and_mode_across_precision_and_graphs():
+def test_compile_groups_share_shapes_and_mode_across_half_precisions_and_graphs():
     a = {"precision": "bf16", "batch_size": 256, "compile": "default", "cuda_graphs": True, "num_workers": 8}
     assert compile_group(a) == compile_group({**a, "precision": "fp16", "cuda_graphs": False, "num_workers": 0})
+    # Full precision traces another graph than autocast's (a tf32 compile after bf16 and fp16 missed every cache).
+    assert compile_group(a) != compile_group({**a, "precision": "tf32"}) != compile_group({**a, "precision": "fp32"})
     assert compile_group(a) != compile_group({**a, "batch_size": 512})
     assert compile_group(a) != compile_group({**a, "compile": "max-autotune-no-cudagraphs"})
     assert compile_group({**a, "compile": "off"}) is None
@@ -337,8 +345,8 @@ def test_a_compile_recorded_warm_first_is_no_fresh_compile_and_a_cold_repeat_is_
     model = CostModel.fit([_compiled(0, 256, 3.0, "warm"), _compiled(1, 512, 30.0, "cold"),
                            _compiled(2, 512, 32.0, "cold", num_workers=4)])
     assert model.fresh_compile == {"default": 30.0}
-    assert model.compile_seconds({"batch_size": 256, "compile": "default"}) == pytest.approx(3.0)
-    assert model.compile_seconds({"batch_size": 512, "compile": "default"}) == pytest.approx(32.0)
+    assert model.compile_seconds({"precision": "bf16", "batch_size": 256, "compile": "default"}) == pytest.approx(3.0)
+    assert model.compile_seconds({"precision": "bf16", "batch_size": 512, "compile": "default"}) == pytest.approx(32.0)
     assert model.warm_share == CACHED_COMPILE_SHARE
 
 
