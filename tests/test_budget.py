@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import Tuner
+from autotune import TrialConfig, Tuner
 from autotune.search._simulate import config_key, replay_env
 from autotune.insight._report import format_split
 from autotune.study._budget import time_split, trial_parts
@@ -208,6 +208,20 @@ def test_a_config_far_slower_than_the_leader_is_no_finalist_and_its_run_is_not_r
     # The race's reservation during the trials prices the same entrants: the far one is not among them.
     entrants = _entrants(study, 3)[0]
     assert str(number[3]) not in [key for key, _, _ in entrants] and race_seconds(study, 3) > 0
+
+
+def test_each_round_races_the_leader_and_the_baseline_first_and_the_next_reverses_both_parts():
+    """A budget that ends the race inside its first round has measured the pair the speed-up is read from."""
+    from autotune.study._confirm import _Race
+
+    config = TrialConfig()
+    race = _Race(None, [("4", config, 1800.0), ("1", config, 2000.0), ("7", config, 1900.0), ("baseline", config, 100.0)],
+                 "baseline", 3)
+    assert race._sequence(0) == ["1", "baseline", "4", "7"]
+    assert race._sequence(1) == ["baseline", "1", "7", "4"]
+    race.rounds = [{"1": 2000.0, "4": 1800.0, "7": 1900.0, "baseline": 100.0},
+                   {"1": 2000.0, "4": 1800.0, "7": 1900.0, "baseline": 100.0}]
+    assert race._sequence(2) == ["1", "4", "7"]  # the baseline has its two runs
 
 
 def test_the_race_keeps_racing_a_tie(tmp_path, cpu_caps, monkeypatch):

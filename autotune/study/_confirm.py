@@ -1,7 +1,7 @@
 """Confirming the best before it is declared: a race of the finalists, and an optional long run.
 
-The race runs the K fastest configs and the baseline in interleaved rounds (A B C base, then base C B A,
-...), so that drift favours no position, and every comparison is between runs of the same round. A
+The race runs the K fastest configs and the baseline in interleaved rounds, the leader and the baseline first
+(A base B C, then base A C B, ...), so that drift favours no position, and every comparison is between runs of the same round. A
 sequential rule ends it as early as the evidence allows:
 
 - a finalist slower than the leader by more than ``CLEARLY_SLOWER`` in each of at least two measurements
@@ -221,10 +221,13 @@ class _Race:
         return len(runs) == BASELINE_RUNS and disagreement(runs) > NOISY_MACHINE
 
     def _sequence(self, index: int) -> list[str]:
-        keys = [k for k, _, _ in self.entrants if k in self.live]
-        if self.base_key not in keys and self._baseline_due():
-            keys.append(self.base_key)
-        return keys if index % 2 == 0 else keys[::-1]
+        # The leader and the baseline first: the speed-up is read from that pair, so a budget that ends the race
+        # in its first round has measured it (the H100 demo's ran two finalists and no baseline). The next round
+        # reverses both parts (A base B C, then base A C B), so a steady drift favours no entrant.
+        lead = self.leader()
+        pair = ([lead] if lead is not None else []) + ([self.base_key] if self._baseline_due() else [])
+        rest = [k for k, _, _ in self.entrants if k in self.live and k not in pair]
+        return pair + rest if index % 2 == 0 else pair[::-1] + rest[::-1]
 
     def _drop_slow(self) -> None:
         leader = self.leader()
