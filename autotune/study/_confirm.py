@@ -1,8 +1,8 @@
 """Confirming the best before it is declared: a race of the finalists, and an optional long run.
 
 The race runs the K fastest configs and the baseline in interleaved rounds, the leader and the baseline first
-(A base B C, then base A C B, ...), so that drift favours no position, and every comparison is between runs of the same round. A
-sequential rule ends it as early as the evidence allows:
+(A base B C, then base A C B, ...), so that drift favours no position, and every comparison is between runs of
+the same round. A sequential rule ends it as early as the evidence allows:
 
 - a finalist slower than the leader by more than ``CLEARLY_SLOWER`` in each of at least two measurements
   (its search trial and the rounds so far) is dropped;
@@ -65,7 +65,7 @@ NOISY_MACHINE = 0.20
 TRIAL_GAP = 0.5
 # A config whose trial ran more than this many times slower than the leader's trial is no finalist: two full
 # trials that far apart are no measurement error (as TRIAL_GAP says), and its race run would cost a short budget
-# a trial (on an H100, ConvNeXt-T's fp32 reference beside bf16 at 7x: about 17 s, with 89 s left).
+# a trial (on an H100, ConvNeXt-T's fp32 reference beside bf16 at 7x: 11 s of an 80 s reservation, 89 s left).
 OUT_OF_REACH = 1 + TRIAL_GAP
 # A race run measures speed alone (its config's accuracy was judged in its trial), so it trains only its
 # warm-up and timed windows of about this many seconds each at the config's known rate, never longer than

@@ -50,7 +50,7 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
         # Where nothing feasible was found: the faster trials the accuracy verdict ruled out, and why.
         "why_none": result.why_not_faster if best is None else None,
         # Where a pick exists: the faster trials the accuracy verdict ruled out, how long their evidence was.
-        "ruled_out_faster": result.ruled_out_faster or None if best is not None else None,
+        "ruled_out_faster": (result.ruled_out_faster or None) if best is not None else None,
         "speedup_spread": {"low": _number(result.speedup_low), "high": _number(result.speedup_high),
                            "basis": result.speedup_basis, "rounds": result.speedup_rounds,
                            "what": result.spread_text},
