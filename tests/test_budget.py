@@ -170,14 +170,18 @@ def test_sigint_after_the_first_trial_writes_an_unconfirmed_pick(tmp_path):
 # -- the race ------------------------------------------------------------------------------------------
 
 
-def test_the_race_stops_early_on_a_clearly_faster_finalist(tmp_path, cpu_caps, monkeypatch):
-    fast, second, third = _key(num_workers=1), _key(num_workers=2), _key(num_workers=3)
-    for key, value in _env(tmp_path, {fast: 2000.0, second: 1750.0, third: 1700.0}, default=500.0,
+def _race_of_three(tmp_path, cpu_caps, monkeypatch, rates):
+    """A study of 1, 2 and 3 workers at ``rates`` (every other config at 500), run and raced: its result and study."""
+    for key, value in _env(tmp_path, {_key(num_workers=n): rate for n, rate in zip((1, 2, 3), rates)}, default=500.0,
                            time_scale=0.0).items():
         monkeypatch.setenv(key, value)
     enqueue = [{"num_workers": 1}, {"num_workers": 2}, {"num_workers": 3}]
-    result = _tuner(tmp_path, cpu_caps, n_trials=4, sampler=_Enqueued(enqueue)).run()
-    race = _study(tmp_path).user_attrs["top_k_confirmation"]
+    return _tuner(tmp_path, cpu_caps, n_trials=4, sampler=_Enqueued(enqueue)).run(), _study(tmp_path)
+
+
+def test_the_race_stops_early_on_a_clearly_faster_finalist(tmp_path, cpu_caps, monkeypatch):
+    result, study = _race_of_three(tmp_path, cpu_caps, monkeypatch, (2000.0, 1750.0, 1700.0))
+    race = study.user_attrs["top_k_confirmation"]
     assert race["race"]["ended"].startswith("settled")
     # Round 1: the three finalists and the baseline; the two slower ones drop; round 2: the leader and
     # the baseline's second run. Six runs where a fixed alternation of 3 rounds runs twelve.
@@ -192,13 +196,7 @@ def test_a_config_far_slower_than_the_leader_is_no_finalist_and_its_run_is_not_r
     not raced (nor reserved for), while the one at 1,750 is raced and dropped as today."""
     from autotune.study._confirm import OUT_OF_REACH, _entrants, race_seconds
 
-    fast, near, far = _key(num_workers=1), _key(num_workers=2), _key(num_workers=3)
-    for key, value in _env(tmp_path, {fast: 2000.0, near: 1750.0, far: 1000.0}, default=500.0,
-                           time_scale=0.0).items():
-        monkeypatch.setenv(key, value)
-    enqueue = [{"num_workers": 1}, {"num_workers": 2}, {"num_workers": 3}]
-    result = _tuner(tmp_path, cpu_caps, n_trials=4, sampler=_Enqueued(enqueue)).run()
-    study = _study(tmp_path)
+    result, study = _race_of_three(tmp_path, cpu_caps, monkeypatch, (2000.0, 1750.0, 1000.0))
     race = study.user_attrs["top_k_confirmation"]
     number = {t.user_attrs["config"]["num_workers"]: t.number for t in study.trials if t.user_attrs.get("config")}
     assert 2000.0 > OUT_OF_REACH * 1000.0 and 2000.0 < OUT_OF_REACH * 1750.0
