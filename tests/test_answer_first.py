@@ -183,6 +183,7 @@ def test_references_with_the_prior_points_loader_train_more_in_their_share_and_t
     reference = next(t for t in _study(tmp_path).trials if t.user_attrs.get("role") == "reference")
     assert reference.user_attrs["config"]["num_workers"] == 4
     assert reference.user_attrs["throughput"] > 1.4 * speed["throughput"]
+    assert found["trial"] == reference.number  # the first config measured faster than the baseline's own speed
     # Each seed's share of the 90 s budget is 9 s: at the baseline's own speed that is this many samples at most.
     shortened = attrs["references_shortened"]
     assert shortened["seconds"] == 9.0 and shortened["samples"] > speed["throughput"] * 9.0, (shortened, speed)

@@ -128,6 +128,20 @@ def test_first_faster_skips_the_reference_duplicates_and_harmful_trials() -> Non
     assert first_faster(trials[:4], 100.0) is None
 
 
+def test_a_reference_run_with_another_loader_than_the_baselines_can_be_the_first_faster_config() -> None:
+    """The references ran with the prior point's loader: trial 0 is then a config of its own, and the baseline's
+    speed comes from a run of its own loader; faster than that, trial 0 is the first faster config."""
+    baseline = {"precision": "fp32", "num_workers": 0}
+    trials = [
+        {"number": 0, "role": "reference", "status": "ok", "throughput": 400.0,
+         "config": {"precision": "fp32", "num_workers": 8}},
+        {"number": 1, "status": "ok", "throughput": 2800.0, "accuracy_verdict": "degraded"},
+    ]
+    assert first_faster(trials, 270.0, baseline) == {"trial": 0, "throughput": 400.0, "speedup": 1.481}
+    same = [{**trials[0], "config": baseline, "throughput": 280.0}, trials[1]]
+    assert first_faster(same, 270.0, baseline) is None  # the baseline's own reference is no faster config
+
+
 def test_a_dead_workers_retry_keeps_its_place_when_a_probes_pick_filled_the_budget() -> None:
     """The recorded input-bound study up to its second trial, then a third that a dead worker left RUNNING:
     the probes queue a pick, the stale trial is failed and its retry queued behind it. With three trials the

@@ -220,8 +220,9 @@ class TrialLoop:
         if study.user_attrs.get(FIRST_FASTER):
             return
         trials = [{**t.user_attrs, "number": t.number} for t in study.get_trials(deepcopy=False)
-                  if t.state == TrialState.COMPLETE and t.user_attrs.get("role") != "reference"]
-        found = first_faster(trials, float(study.user_attrs.get("baseline_throughput") or 0.0))
+                  if t.state == TrialState.COMPLETE]
+        found = first_faster(trials, float(study.user_attrs.get("baseline_throughput") or 0.0),
+                             study.user_attrs.get("baseline_config"))
         if found is not None:
             # When it was measured, which may be before now: the baseline's own speed can come after it.
             ended = study.trials[found["trial"]].datetime_complete

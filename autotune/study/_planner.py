@@ -218,11 +218,15 @@ def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_
             f"{predicted_seconds:.0f} s and the race of the finalists {race_seconds:.0f} s")
 
 
-def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float) -> Optional[dict[str, Any]]:
+def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float,
+                 baseline_config: Optional[Mapping[str, Any]] = None) -> Optional[dict[str, Any]]:
     """The first finished full trial (by number) that is feasible and faster than the baseline, as
-    ``{"trial", "throughput", "speedup"}``; None when none is."""
+    ``{"trial", "throughput", "speedup"}``; None when none is. A reference run counts where it ran another
+    config than the baseline (``baseline_config``: the prior point's loader), for then it can be the pick."""
     for attrs in sorted(trials, key=lambda a: a.get("number", 0)):
-        if attrs.get("role") == "reference" or attrs.get("status") != "ok" or attrs.get("duplicate_of") is not None:
+        if attrs.get("role") == "reference" and (baseline_config is None or attrs.get("config") == baseline_config):
+            continue
+        if attrs.get("status") != "ok" or attrs.get("duplicate_of") is not None:
             continue
         if attrs.get("accuracy_verdict") not in (None, "equivalent", "unchecked"):
             continue
