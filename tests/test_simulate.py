@@ -67,7 +67,8 @@ def test_table_loads_with_its_space(table):
     "line, message",
     [
         ('{"params": {"a": 1}, "status": "ok", "throughput": null}', "positive throughput"),
-        ('{"params": {"a": 1}, "status": "oom", "throughput": 5}', "must be null"),
+        ('{"params": {"a": 1}, "status": "ok", "throughput": 5, "trial_seconds": -1}', "must be a number >= 0"),
+        ('{"params": {"a": 1}, "status": "ok", "throughput": 5, "data_wait_fraction": 45}', "0 to 1, not 45"),
         ('{"params": {"a": 1}, "status": "slow", "throughput": null}', "is not one of"),
         ('{"status": "ok", "throughput": 1}', "params"),
         ("not json", "Expecting value"),
@@ -87,6 +88,21 @@ def test_a_config_absent_from_the_table_is_an_error(tmp_path):
     t = ReplayTable.load(path)
     assert t.size == 4 and len(t) == 2
     assert t.lookup({"a": 0, "b": 1}).status == "error"
+
+
+def test_a_table_from_elsewhere_loads_without_statuses_and_with_its_own_words_for_them(tmp_path):
+    """A table that records no status reads one from the throughput; other tables' words for a status are read."""
+    rows = [{"params": {"a": 0}, "throughput": 120.0}, {"params": {"a": 1}, "throughput": None},
+            {"params": {"a": 2}, "status": "OOM"}, {"params": {"a": 3}, "status": "Failed", "throughput": 5.0},
+            {"config": {"a": 4}, "status": "completed", "throughput": 80.0}]  # a study's own word for params
+    path = tmp_path / "elsewhere.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = ReplayTable.load(path)
+    assert [t.lookup({"a": a}).status for a in range(5)] == ["ok", "error", "oom", "error", "ok"]
+    assert t.lookup({"a": 3}).throughput is None and t.best().params == {"a": 0}
+    path.write_text(json.dumps({"params": {"a": 0}, "status": "sideways", "throughput": 1.0}) + "\n")
+    with pytest.raises(TableError, match="elsewhere.jsonl:1: status 'sideways' is not one of ok, oom, error"):
+        ReplayTable.load(path)
 
 
 def test_guided_reaches_the_best_and_never_runs_a_ruled_out_config(table):

@@ -46,6 +46,10 @@ from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
 STATUSES = ("ok", "oom", "error")
+# Other tables' words for the statuses: a run that failed reads as ``error``.
+STATUS_WORDS = {"failed": "error", "fail": "error", "failure": "error", "crashed": "error", "crash": "error",
+          "timeout": "error", "timed_out": "error", "infeasible": "error", "pruned": "error",
+          "out_of_memory": "oom", "out-of-memory": "oom", "success": "ok", "complete": "ok", "completed": "ok"}
 # The fields of a row that diagnose its bottleneck rather than measure it: ``without_diagnosis`` drops them.
 DIAGNOSIS_FIELDS = ("data_wait_fraction", "loader_rate", "step_rate")
 # A loader variant that stops after its first timed window pays this share of its samples: one of a default
@@ -201,22 +205,23 @@ class ReplayTable:
 def _parse_row(data: Any) -> TableRow:
     if not isinstance(data, dict):
         raise ValueError("a row is a JSON object")
-    params, status = data["params"], data["status"]
+    params = data["params"] if "params" in data or "config" not in data else data["config"]
     if not isinstance(params, dict) or not params:
         raise ValueError("'params' must be a non-empty object")
-    if status not in STATUSES:
-        raise ValueError(f"status {status!r} is not one of {', '.join(STATUSES)}")
     throughput = data.get("throughput")
-    if status == "ok":
-        if not isinstance(throughput, (int, float)) or isinstance(throughput, bool) or not throughput > 0:
-            raise ValueError("an 'ok' row needs a positive throughput")
-    elif throughput is not None:
-        raise ValueError(f"throughput must be null when the status is {status!r}")
+    measured = isinstance(throughput, (int, float)) and not isinstance(throughput, bool) and throughput > 0
+    status = _status(data.get("status"), measured)
+    if status == "ok" and not measured:
+        raise ValueError("an 'ok' row needs a positive throughput")
+    if status != "ok":
+        throughput = None  # a failed run's partial rate (some tables keep one) is no measurement of the config
     seconds = {}
     for name in ("trial_seconds", "compile_seconds", "data_wait_fraction", "loader_rate", "step_rate"):
         value = data.get(name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be a number >= 0")
+        if name == "data_wait_fraction" and value is not None and value > 1:
+            raise ValueError(f"data_wait_fraction is a share of the timed windows, 0 to 1, not {value}")
         seconds[name] = float(value) if value is not None else None
     return TableRow(
         params=params,
@@ -226,6 +231,18 @@ def _parse_row(data: Any) -> TableRow:
         accuracy_loss=data.get("accuracy_loss"),
         **seconds,
     )
+
+
+def _status(recorded: Any, measured: bool) -> str:
+    """A row's status in ``STATUSES``: as recorded (any case, other tables' words as ``STATUS_WORDS`` reads them),
+    or, where the table records none, ``ok`` for a positive throughput and ``error`` without."""
+    if recorded is None:
+        return "ok" if measured else "error"
+    status = str(recorded).strip().lower()
+    status = STATUS_WORDS.get(status, status)
+    if status not in STATUSES:
+        raise ValueError(f"status {recorded!r} is not one of {', '.join(STATUSES)} (nor {', '.join(STATUS_WORDS)})")
+    return status
 
 
 def _sorted(values: list[Any]) -> list[Any]:
