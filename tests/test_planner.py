@@ -185,3 +185,57 @@ def test_the_baseline_speed_run_waits_for_the_first_full_trial_and_still_runs_wh
     study.set_user_attr("baseline_speed_pending", True)
     late = StudyClock(budget_seconds=240.0, started=__import__("time").monotonic() - 239.0)
     assert next_action(view_of(study, knobs=knobs, n_trials=40, clock=late)).action == STOP  # no time left: the race times it
+
+
+# The H100 ViT-B/32 study under --budget 4 (answer-first-h200.md, 2026-12-06): the probes queued bf16 with
+# the data on the device, predicted 7,712 img/s against the best trial's 2,273, and the race's 73 s reservation
+# stopped it with 73 s left. Its --budget 5 study measured that config at 7,651.
+VIT_B4_DB = RESULTS / "answer-first-h200" / "dec06-h100-b" / "vit-after-b4.db"
+
+
+def test_a_probes_pick_far_beyond_the_best_runs_in_the_races_place() -> None:
+    view = StudyView(references_done=2, full_trials=1, best={"number": 1, "data_wait_fraction": 0.98},
+                     best_is_reference=False, probed=True, waiting=1, finished=2, budget_seconds=240.0,
+                     usable_seconds=73.0, race_seconds=73.0)
+    assert next_action(view).action == STOP  # no decisive pick: the race's reservation stands
+    decisive = next_action(StudyView(**{**view.__dict__, "decisive_seconds": 58.0}))
+    assert decisive.action == TRIAL and "in the race's place (58 s with one round" in decisive.reason
+    assert next_action(StudyView(**{**view.__dict__, "decisive_seconds": 80.0})).action == STOP  # it does not fit
+    retry = StudyView(**{**view.__dict__, "decisive_seconds": 58.0, "retries": 1})
+    assert next_action(retry).action == STOP  # a retry runs first from the queue: the pick would not be next
+
+
+def test_the_recorded_vit_study_would_have_run_its_probes_pick_with_one_round_of_its_race() -> None:
+    """Given the recorded study up to its prior point and the probes' pick queued again, with the 73 s it had
+    left: the pick (predicted 3.4x the best trial) and one round of its race against the baseline are
+    predicted to fit, so it runs where the recorded study stopped."""
+    import time
+
+    from autotune._config import Budget
+    from autotune.study._confirm import race_seconds
+    from autotune.study._loop import decisive_seconds
+    from autotune.study._probes import PREDICTED, PREDICTED_CONFIG
+
+    stored = optuna.load_study(study_name="vit-b4", storage=f"sqlite:///{VIT_B4_DB}")
+    study, knobs = _recorded(VIT_B4_DB, 1)
+    queued = stored.trials[2]
+    assert queued.user_attrs["status"] == "not_run" and "73 s" in queued.user_attrs["failure"]
+    pick = TrialConfig.from_dict(study.trials[1].user_attrs["config"]).replace(
+        loader="device", num_workers=0, pin_memory=False, persistent_workers=False, prefetch_factor=2)
+    study.enqueue_trial(queued.system_attrs["fixed_params"],
+                        user_attrs={PREDICTED: queued.user_attrs[PREDICTED], PREDICTED_CONFIG: pick.to_dict()})
+    budget = Budget(samples=study.user_attrs["trial_budget"]["samples"], warmup_steps=10, windows=5)
+    race = race_seconds(study, study.user_attrs["top_k"], budget)
+    reserve = StudyClock(budget_seconds=240.0).left() - StudyClock(budget_seconds=240.0).usable()
+    clock = StudyClock(budget_seconds=240.0, started=time.monotonic() - (240.0 - reserve - 73.0))
+    keywords = dict(knobs=knobs, n_trials=40, clock=clock, race=race, probed=lambda best: True)
+    assert race == pytest.approx(73, abs=3) and next_action(view_of(study, **keywords)).action == STOP  # as recorded
+    seconds = decisive_seconds(study, dict(study.get_trials(states=(optuna.trial.TrialState.WAITING,))[0].user_attrs),
+                               budget)
+    assert seconds is not None and sum(seconds) < 70 and seconds[1] < race * 0.6, seconds
+    decision = next_action(view_of(study, **keywords, decisive=lambda trial: sum(
+        decisive_seconds(study, trial.user_attrs, budget) or ()) or None))
+    assert decision.action == TRIAL and "in the race's place" in decision.reason
+    # A pick predicted within the race's reach of the best is an ordinary queued trial: the reservation stands.
+    near = {PREDICTED: 1.2 * study.trials[1].user_attrs["throughput"], PREDICTED_CONFIG: pick.to_dict()}
+    assert decisive_seconds(study, near, budget) is None

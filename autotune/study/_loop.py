@@ -24,10 +24,11 @@ from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import MIN_RUN_S, StudyClock
-from autotune.study._confirm import race_seconds
+from autotune.study._confirm import OUT_OF_REACH, one_round_seconds, race_seconds
 from autotune.study._planner import (BASELINE_SPEED, FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView,
                                      first_faster, next_action, over_budget_reason, view_of)
-from autotune.study._probes import LoaderProbes, drop_queued_predictions, prediction_error
+from autotune.study._probes import (PREDICTED, PREDICTED_CONFIG, LoaderProbes, drop_queued_predictions,
+                                    prediction_error)
 from autotune.study._progress import _Progress
 from autotune.study._references import References
 from autotune.study._runner import TrialRunner
@@ -69,6 +70,19 @@ def fail_heartbeat_stale(study: optuna.Study) -> None:
     if callback is not None:
         for trial_id in failed:
             callback(study, copy.deepcopy(storage.get_trial(trial_id)))
+
+def decisive_seconds(study: optuna.Study, attrs: dict[str, Any], budget: Any) -> Optional[tuple[float, float]]:
+    """For the probes' pick (``attrs``: a queued or just-asked trial's) predicted to outrun the best so far by
+    more than the race's reach (``OUT_OF_REACH``): its predicted seconds, and one round of its race against the
+    baseline (``one_round_seconds``). None for any other trial."""
+    predicted, config = attrs.get(PREDICTED), attrs.get(PREDICTED_CONFIG)
+    best = _best_record(study) if predicted and config else None
+    if best is None or predicted < OUT_OF_REACH * best.throughput:
+        return None
+    config = TrialConfig.from_dict(config)
+    seconds = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
+    return seconds, one_round_seconds(study, config, predicted, budget)
+
 
 class TrialLoop:
     """Runs one worker's share of a study's trials.
@@ -189,7 +203,12 @@ class TrialLoop:
                        race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
                        probed=lambda best: best.number in self._probed or (
                            self.probes is not None and self.probes.probed(best.config)),
-                       references_done=repeats, reference_repeats=repeats)  # the loop starts after them
+                       references_done=repeats, reference_repeats=repeats,  # the loop starts after them
+                       decisive=lambda trial: sum(self._decisive(trial) or ()) or None)
+
+    def _decisive(self, trial: Any) -> Optional[tuple[float, float]]:
+        """``decisive_seconds`` of a trial (queued, or just asked) under a budget; None without one."""
+        return decisive_seconds(self.study, trial.user_attrs, self.runner.budget) if self.clock.budgeted else None
 
     def decide(self) -> Decision:
         """The planner's next action for this study, recorded in ``PLAN`` when it is a new one."""
@@ -303,6 +322,9 @@ class TrialLoop:
             return None
         if self.clock.budgeted:
             reserve = race_seconds(study, self.top_k, self.runner.budget)
+            decisive = self._decisive(trial)
+            if decisive is not None:
+                reserve = min(reserve, decisive[1])  # the planner's reason: one round of its own race is kept
             predicted = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
             why = over_budget_reason(predicted, usable_seconds=self.clock.usable(), race_seconds=reserve)
             if why:

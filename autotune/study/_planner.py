@@ -16,7 +16,9 @@ likely to change the pick runs first, and gives each fixed cost a share of the b
 3. **Probes where they can change the decision.** A loader probe runs when the fastest feasible full trial
    waits on its input: then its step is faster than its loader, and a loader variant can win.
 4. **Trials while they fit**, each predicted by the cost model, the race of the finalists kept free
-   (``over_budget_reason``); then the race, or the end.
+   (``over_budget_reason``); then the race, or the end. The probes' pick predicted beyond the race's reach
+   (``StudyView.decisive_seconds``) needs only one round of its own race against the baseline kept free: raced,
+   the finalists of now would be out of its reach, and the whole race's reservation would keep the slower answer.
 
 ``next_action`` is a pure function of a ``StudyView`` (a study's records and its clock), so its decisions are
 tested on recorded studies without running a trial. ``TrialLoop`` acts on them and records each new one in
@@ -92,6 +94,9 @@ class StudyView:
         budget_seconds: The study's budget, None without one.
         baseline_speed_pending: The baseline's own speed run is still to come (the references ran with
             another loader, and the study left it for after the first full trial).
+        decisive_seconds: Where the next queued trial is the probes' pick, predicted to outrun the best so
+            far by more than the race's reach (``_confirm.OUT_OF_REACH``): its predicted seconds with one round
+            of a race of it and the baseline. None otherwise.
     """
 
     references_done: int = 0
@@ -110,6 +115,7 @@ class StudyView:
     race_seconds: float = 0.0
     budget_seconds: Optional[float] = None
     baseline_speed_pending: bool = False
+    decisive_seconds: Optional[float] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -152,6 +158,13 @@ def next_action(view: StudyView) -> Decision:
                                         "the prior point's): timed after the first full trial, not before it")
     if spent:
         return Decision(STOP, f"the trial budget of {view.n_trials} is spent")
+    if not fits and not view.retries and view.decisive_seconds is not None \
+            and view.usable_seconds >= view.decisive_seconds:
+        # Raced, today's finalists would be out of its reach: the race that matters is its own against the
+        # baseline, and one round of it reads the speed-up. Keeping the whole race would keep the slower answer.
+        return Decision(TRIAL, f"the probes' pick is predicted far beyond the best so far: it runs in the race's "
+                               f"place ({view.decisive_seconds:.0f} s with one round of its race against the "
+                               f"baseline, of {max(0.0, view.usable_seconds):.0f} s left)")
     if not fits:
         return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
                               f"the finalists needs {view.race_seconds:.0f} s")
@@ -182,7 +195,8 @@ def next_action(view: StudyView) -> Decision:
 
 def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, clock: StudyClock, race: float = 0.0,
             probes: bool = True, probed: Callable[[Any], bool] = lambda record: False,
-            references_done: int = 2, reference_repeats: int = 2) -> StudyView:
+            references_done: int = 2, reference_repeats: int = 2,
+            decisive: Callable[[Any], Optional[float]] = lambda trial: None) -> StudyView:
     """The planner's view of an Optuna study (a running one, or one recorded earlier).
 
     Args:
@@ -190,6 +204,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         clock: The study's clock (its budget and what is left of it).
         race: Seconds the race of the finalists is predicted to need.
         probed: Whether the probes of a ``TrialRecord`` (the incumbent) ran already.
+        decisive: A queued trial's ``StudyView.decisive_seconds`` (None where it is no decisive pick).
     """
     trials = study.get_trials(deepcopy=False)
     best = _best_record(study)
@@ -197,7 +212,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
     full = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             and t.user_attrs.get("role") != "reference" and "config" in t.user_attrs
             and t.user_attrs.get("status") not in NOT_RUN]
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    waiting = sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number)
     # Ours carry ``retry_of``; Optuna's heartbeat callback's, ``failed_trial`` among the system attributes.
     retries = sum(1 for t in waiting if "retry_of" in t.user_attrs or "failed_trial" in t.system_attrs)
     return StudyView(
@@ -207,7 +222,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         waiting=len(waiting), retries=retries,
         finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))) + retries, n_trials=n_trials,
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
-        baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)))
+        baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)),
+        decisive_seconds=decisive(waiting[0]) if waiting else None)
 
 
 def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float) -> str:

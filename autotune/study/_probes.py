@@ -42,6 +42,7 @@ from autotune.study._runner import TrialRunner
 
 PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
 PREDICTED = "predicted_throughput"  # trial attribute of a trial enqueued from probes
+PREDICTED_CONFIG = "predicted_config"  # and the config it was predicted for (read before the trial is asked)
 __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PREDICTED", "PROBES", "WORTH", "LoaderProbes",
            "batch_variants", "correction", "loader_variants", "predict", "prediction_error"]
 
@@ -256,7 +257,8 @@ class LoaderProbes:
             return None
         predicted, variant = best
         self.study.enqueue_trial(self.space.asked_params(variant.to_dict()),
-                                 user_attrs={PREDICTED: round(predicted, 3), "predicted_from": "probes"})
+                                 user_attrs={PREDICTED: round(predicted, 3), "predicted_from": "probes",
+                                             PREDICTED_CONFIG: variant.to_dict()})
         ui.say(f"  probes predict {predicted:,.1f}/s for {variant.describe()} (loader and step measured apart; "
                f"correction x{factor:.2f}): its full trial is next")
         return variant
