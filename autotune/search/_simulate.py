@@ -48,8 +48,8 @@ from autotune.search._sampler import GuidedSampler
 STATUSES = ("ok", "oom", "error")
 # Other tables' words for the statuses: a run that failed reads as ``error``.
 STATUS_WORDS = {"failed": "error", "fail": "error", "failure": "error", "crashed": "error", "crash": "error",
-          "timeout": "error", "timed_out": "error", "infeasible": "error", "pruned": "error",
-          "out_of_memory": "oom", "out-of-memory": "oom", "success": "ok", "complete": "ok", "completed": "ok"}
+                "timeout": "error", "timed_out": "error", "infeasible": "error", "pruned": "error",
+                "out_of_memory": "oom", "out-of-memory": "oom", "success": "ok", "complete": "ok", "completed": "ok"}
 # The fields of a row that diagnose its bottleneck rather than measure it: ``without_diagnosis`` drops them.
 DIAGNOSIS_FIELDS = ("data_wait_fraction", "loader_rate", "step_rate")
 # A loader variant that stops after its first timed window pays this share of its samples: one of a default

@@ -71,6 +71,7 @@ def fail_heartbeat_stale(study: optuna.Study) -> None:
         for trial_id in failed:
             callback(study, copy.deepcopy(storage.get_trial(trial_id)))
 
+
 def decisive_seconds(study: optuna.Study, attrs: dict[str, Any], budget: Any) -> Optional[tuple[float, float]]:
     """For the probes' pick (``attrs``: a queued or just-asked trial's) predicted to outrun the best so far by
     more than the race's reach (``OUT_OF_REACH``): its predicted seconds, and one round of its race against the
