@@ -202,8 +202,8 @@ def test_under_scale_the_loader_probe_measures_larger_batches_and_the_walk_moves
 
 def test_a_device_loader_too_slow_to_fill_loses_none_of_the_dataloaders_probe_rates(tmp_path):
     """``loader: device`` first fills device memory with the whole dataset (65,536 items of 10 ms: over 40 s
-    even with 16 workers); with a 25 s limit on each probe process it cannot finish. The DataLoader's variants run in a process of
-    their own, first, so their rates are kept; the device variant's says it timed out."""
+    even with 16 workers); with a 25 s limit on each probe process it cannot finish. The DataLoader's variants
+    run in a process of their own, after it, so their rates are kept; the device variant's says it timed out."""
     from autotune.study._budget import StudyClock
     from autotune.study._probes import LoaderProbes
     from autotune.study._progress import _Progress
@@ -222,3 +222,39 @@ def test_a_device_loader_too_slow_to_fill_loses_none_of_the_dataloaders_probe_ra
     assert rates[1] and rates[2] and rates[2] > rates[1], records  # eight workers fetch faster than four
     device = records[configs[0].describe()]
     assert rates[0] is None and device["status"] == "timeout" and device["batched"] == 1, device
+
+
+def test_a_device_loader_that_outruns_the_step_spares_the_dataloaders_probes(tmp_path):
+    """The device-resident loader is probed first: where it feeds at least the step's rate (``enough``), no
+    DataLoader variant could be predicted faster, so none is probed; where it feeds less, they are."""
+    from autotune.study._budget import StudyClock
+    from autotune.study._probes import LoaderProbes
+    from autotune.study._progress import _Progress
+    from autotune.study._runner import TrialRunner
+
+    space = parse_space(yaml.safe_load(SPACE.replace("cpu_threads: [1]", "cpu_threads: [1]\n  loader: [torch, device]")))
+    baseline = TrialConfig(batch_size=32, cpu_threads=1)
+    configs = [baseline.replace(loader="device"), baseline.replace(num_workers=1), baseline.replace(num_workers=2)]
+
+    def probed(enough: float) -> tuple[list, list]:
+        runner = TrialRunner(target=f"{WORKLOADS}:train_input_bound", logdir=tmp_path / str(enough), baseline=baseline,
+                             budget=Budget(samples=2048, warmup_steps=2, windows=3), timeout=120)
+        study = optuna.create_study(directions=["maximize", "minimize"])
+        probes = LoaderProbes(study=study, space=space, runner=runner, clock=StudyClock(), seed=0)
+        with _Progress(False, 1) as ui:
+            rates = probes._loaders(configs, ui, keep=0.0, enough=enough)
+        return rates, [TrialConfig.from_dict(p["config"]).loader for p in study.user_attrs[PROBES]]
+
+    rates, loaders = probed(1.0)
+    assert rates[0] and rates[1] is None and rates[2] is None and loaders == ["device"], (rates, loaders)
+    rates, loaders = probed(1e12)  # a step no loader keeps up with: every variant is probed, the device's first
+    assert all(rates) and loaders == ["device", "torch", "torch"], (rates, loaders)
+
+
+def test_a_loader_variant_whose_probe_timed_out_is_not_predicted():
+    """Without its loader's rate, a variant would be predicted at the step's rate alone: the H100 ViT-B/32 study
+    (``answer-first-h200.md``) had every DataLoader variant's probe time out, each then promised 7,712 img/s."""
+    from autotune.search._predict import best_predicted
+
+    assert best_predicted([(None, "timed out"), (900.0, "measured")], 1000.0, 1.0, 100.0) == (900.0, "measured")
+    assert best_predicted([(None, "timed out")], 1000.0, 1.0, 100.0) is None

@@ -80,9 +80,12 @@ def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: fl
 def best_predicted(candidates: Sequence[tuple[Optional[float], T]], step_rate: Optional[float], factor: float,
                    incumbent_rate: float) -> Optional[tuple[float, T]]:
     """Of ``(loader rate, variant)`` pairs, the variant ``predict`` rates fastest and its prediction, when that
-    beats the incumbent by ``WORTH``; else None."""
+    beats the incumbent by ``WORTH``; else None. A variant without a loader rate (its probe failed or ran out
+    of time) is not predicted: the step's rate alone would promise it the step's speed."""
     best: Optional[tuple[float, T]] = None
     for loader_rate, variant in candidates:
+        if not loader_rate:
+            continue
         predicted = predict(loader_rate, step_rate, factor)
         if predicted is not None and (best is None or predicted > best[0]):
             best = (predicted, variant)

@@ -188,30 +188,48 @@ class LoaderProbes:
                + ("" if outcome.ok else f"  [{outcome.status}: {outcome.error[:120]}]"))
         return rate
 
-    def _loaders(self, configs: list[TrialConfig], ui: _Progress, keep: float) -> list[Optional[float]]:
+    def _loaders(self, configs: list[TrialConfig], ui: _Progress, keep: float,
+                 enough: Optional[float] = None) -> list[Optional[float]]:
         """The loader rate of each of ``configs``: those not probed yet in one process per kind of loader, one
         after another on the same dataset (the first is the process's config, the others its
         ``loader_variants``), so many loader configs cost one process's start and one run of ``train_fn`` up
-        to ``ctx.loader``. The DataLoader's configs run first, in a process of their own: a device-resident
-        loader first fills device memory with the whole dataset, which on a dataset that augments each item on
-        the CPU can outlast the process's time limit, and a timed-out process reports none of its rates."""
+        to ``ctx.loader``.
+
+        A device-resident loader runs first, in a process of its own: where it feeds at least ``enough`` (the
+        step's own rate), the loader no longer binds and no DataLoader variant can be predicted faster, so
+        they are not probed (on an H100 ViT-B/32, 12 of them took 115 s of a 5-minute study that then picked
+        the device loader). It first fills device memory with the whole dataset, which on a dataset that
+        augments each item on the CPU can outlast its process's time limit, and a timed-out process reports
+        none of its rates: under a budget it gets half the time left to the probes, so the DataLoader's
+        variants, in their own process, keep the rest."""
         done = self._done()
         pending = [c for c in configs if f"loader:{_key(c)}" not in done]
-        groups = [[c for c in pending if c.loader == "torch"], [c for c in pending if c.loader != "torch"]]
-        for group in groups:
-            if group and self._fits(keep):
-                self._loader_group(group, ui, keep)
+        device, torch_group = [c for c in pending if c.loader != "torch"], [c for c in pending if c.loader == "torch"]
+        if device and self._fits(keep):
+            share = max(MIN_RUN_S, (self.clock.usable() - keep) / 2) if self.clock.budgeted and torch_group else None
+            self._loader_group(device, ui, keep, limit=share)
+            done = self._done()
+            rates = [done[key]["rate"] for key in (f"loader:{_key(c)}" for c in device) if done.get(key, {}).get("rate")]
+            if enough and torch_group and rates and max(rates) >= enough:
+                ui.say(f"  probes: the device-resident loader feeds {max(rates):,.0f}/s, at least the step's "
+                       f"{enough:,.0f}/s: no DataLoader variant can be predicted faster, so none is probed")
+                torch_group = []
+        if torch_group and self._fits(keep):
+            self._loader_group(torch_group, ui, keep)
         done = self._done()
         return [done[f"loader:{_key(c)}"]["rate"] if f"loader:{_key(c)}" in done else None for c in configs]
 
-    def _loader_group(self, pending: list[TrialConfig], ui: _Progress, keep: float) -> None:
-        """One loader-probe process over ``pending`` (see ``_loaders``); records each config's rate."""
+    def _loader_group(self, pending: list[TrialConfig], ui: _Progress, keep: float,
+                      limit: Optional[float] = None) -> None:
+        """One loader-probe process over ``pending`` (see ``_loaders``), within ``limit`` seconds where given;
+        records each config's rate."""
         done = self._done()
         ui.status(f"loader probe: {len(pending)} loader configs of {pending[0].describe()}")
+        timeout = self.clock.cap(self.runner.timeout, keep=keep)
         with self.clock.part("probes"):
             outcome = self.runner.run(pending[0], f"probe-loader-{len(done)}", seed=self.seed, probe="loader",
                                       loader_variants=pending[1:],
-                                      timeout=self.clock.cap(self.runner.timeout, keep=keep))
+                                      timeout=min(timeout, limit) if limit is not None else timeout)
         measurement = outcome.measurement
         extras = dict(measurement.extras) if outcome.ok and measurement is not None else {}
         rates = [measurement.throughput if outcome.ok and measurement else None,
@@ -247,7 +265,9 @@ class LoaderProbes:
         step_rate = self._step(incumbent, ui, keep)
         factor = correction(self.study)
         # One process: the loader at the larger batches first (under scale), then its own knobs' variants.
-        rates = self._loaders([*batches, *variants], ui, keep)
+        # Under scale the batch is a lever of the step too: a device loader feeding the incumbent's step does
+        # not say the larger batches' loaders are idle, so those are probed whatever it feeds.
+        rates = self._loaders([*batches, *variants], ui, keep, enough=None if batches else step_rate)
         batch_rates, loader_rates = rates[:len(batches)], rates[len(batches):]
         best = best_predicted(list(zip(loader_rates, variants)), step_rate, factor, incumbent_rate)
         batch_best = self._best_batch(list(zip(batch_rates, batches)), step_rate, factor, incumbent_rate, ui, keep)
