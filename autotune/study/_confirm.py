@@ -144,12 +144,14 @@ def race_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = Non
     return sum(costs[k] for k in finalists) + leader + BASELINE_RUNS * costs[base_key]
 
 
-def one_round_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: Optional[Budget] = None) -> float:
+def one_round_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: Optional[Budget] = None, *,
+                      model: Optional[CostModel] = None) -> float:
     """What one round of a race of ``config`` (at ``rate``) and the baseline alone is predicted to cost: the
-    shortest race that still reads a speed-up, since each round runs the leader and the baseline first."""
+    shortest race that still reads a speed-up, since each round runs the leader and the baseline first.
+    ``model``: the study's cost model when the caller has fitted it already."""
     entrants, base_key, _ = _entrants(study, 1)
     base_config, base_rate = next((c, r) for key, c, r in entrants if key == base_key)
-    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    model = model or CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
     return (run_seconds(study, config, rate, budget, model=model)
             + run_seconds(study, base_config, base_rate, budget, model=model))
 

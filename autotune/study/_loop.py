@@ -81,8 +81,8 @@ def decisive_seconds(study: optuna.Study, attrs: dict[str, Any], budget: Any) ->
     if best is None or predicted < OUT_OF_REACH * best.throughput:
         return None
     config = TrialConfig.from_dict(config)
-    seconds = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
-    return seconds, one_round_seconds(study, config, predicted, budget)
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    return model.predict(config.to_dict()), one_round_seconds(study, config, predicted, budget, model=model)
 
 
 class TrialLoop:
