@@ -209,7 +209,8 @@ class LoaderProbes:
             share = max(MIN_RUN_S, (self.clock.usable() - keep) / 2) if self.clock.budgeted and torch_group else None
             self._loader_group(device, ui, keep, limit=share)
             done = self._done()
-            rates = [done[key]["rate"] for key in (f"loader:{_key(c)}" for c in device) if done.get(key, {}).get("rate")]
+            rates = [done[f"loader:{_key(c)}"]["rate"] for c in device
+                     if (done.get(f"loader:{_key(c)}") or {}).get("rate")]
             if enough and torch_group and rates and max(rates) >= enough:
                 ui.say(f"  probes: the device-resident loader feeds {max(rates):,.0f}/s, at least the step's "
                        f"{enough:,.0f}/s: no DataLoader variant can be predicted faster, so none is probed")
