@@ -208,15 +208,17 @@ class LoaderProbes:
         if device and self._fits(keep):
             share = max(MIN_RUN_S, (self.clock.usable() - keep) / 2) if self.clock.budgeted and torch_group else None
             self._loader_group(device, ui, keep, limit=share)
-            done = self._done()
-            rates = [done[f"loader:{_key(c)}"]["rate"] for c in device
-                     if (done.get(f"loader:{_key(c)}") or {}).get("rate")]
+            rates = [r for r in self._rates(device) if r]
             if enough and torch_group and rates and max(rates) >= enough:
                 ui.say(f"  probes: the device-resident loader feeds {max(rates):,.0f}/s, at least the step's "
                        f"{enough:,.0f}/s: no DataLoader variant can be predicted faster, so none is probed")
                 torch_group = []
         if torch_group and self._fits(keep):
             self._loader_group(torch_group, ui, keep)
+        return self._rates(configs)
+
+    def _rates(self, configs: list[TrialConfig]) -> list[Optional[float]]:
+        """Each config's recorded loader rate (None where it was not probed or its probe measured none)."""
         done = self._done()
         return [done[f"loader:{_key(c)}"]["rate"] if f"loader:{_key(c)}" in done else None for c in configs]
 
