@@ -258,3 +258,63 @@ def test_a_loader_variant_whose_probe_timed_out_is_not_predicted():
 
     assert best_predicted([(None, "timed out"), (900.0, "measured")], 1000.0, 1.0, 100.0) == (900.0, "measured")
     assert best_predicted([(None, "timed out")], 1000.0, 1.0, 100.0) is None
+
+
+def test_a_loader_probe_killed_at_its_deadline_keeps_the_rates_it_measured(tmp_path):
+    """The loader probe writes each config's rate as it finishes it: killed at its deadline on the config
+    it was measuring (here one without workers, whose dataset never answers the main process), it loses
+    that config alone, and the ones before it keep their rates."""
+    from autotune.study._budget import StudyClock
+    from autotune.study._probes import LoaderProbes
+    from autotune.study._progress import _Progress
+    from autotune.study._runner import TrialRunner
+
+    space = parse_space(yaml.safe_load(SPACE))
+    baseline = TrialConfig(batch_size=32, cpu_threads=1)
+    runner = TrialRunner(target=f"{WORKLOADS}:train_hangs_without_workers", logdir=tmp_path, baseline=baseline,
+                         budget=Budget(samples=2048, warmup_steps=2, windows=3), timeout=40)
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    probes = LoaderProbes(study=study, space=space, runner=runner, clock=StudyClock(), seed=0)
+    configs = [baseline.replace(num_workers=2), baseline.replace(num_workers=1), baseline]
+    with _Progress(False, 1) as ui:
+        probes._loader_group(configs, ui, keep=0.0)
+    records = study.user_attrs[PROBES]
+    assert [r["status"] for r in records] == ["ok", "ok", "timeout"], records
+    assert records[0]["rate"] > 0 and records[1]["rate"] > 0 and records[2]["rate"] is None
+    assert "timeout" in records[2]["error"]
+
+
+def test_the_loader_variants_are_probed_before_the_step_and_a_step_probe_that_measures_nothing_leaves_the_ceiling(
+        tmp_path):
+    """The incumbent waits on its input, so its loader variants decide and run first; the step probe runs
+    after them, and only where some variant's loader could be worth a trial. Where it measures nothing (a
+    budget spent, a compile too long; here the step raises in the probe), the incumbent's own trial bounds
+    the step: its rate over the share of its time it did not wait (``step_ceiling``)."""
+    from autotune.search._predict import step_ceiling
+    from autotune.study._budget import StudyClock
+    from autotune.study._probes import LoaderProbes
+    from autotune.study._progress import _Progress
+    from autotune.study._runner import TrialRunner
+
+    space = parse_space(yaml.safe_load(SPACE))
+    baseline = TrialConfig(batch_size=32, cpu_threads=1)
+
+    def probed(incumbent_rate: float) -> tuple[list, optuna.Study]:
+        runner = TrialRunner(target=f"{WORKLOADS}:train_step_probe_fails", logdir=tmp_path / str(incumbent_rate),
+                             baseline=baseline, budget=Budget(samples=2048, warmup_steps=2, windows=3), timeout=120)
+        study = optuna.create_study(directions=["maximize", "minimize"])
+        probes = LoaderProbes(study=study, space=space, runner=runner, clock=StudyClock(), seed=0)
+        with _Progress(False, 1) as ui:
+            probes.run(baseline, incumbent_rate, ui, incumbent_wait=0.9)
+        return study.user_attrs[PROBES], study
+
+    records, study = probed(1.0)  # any loader beats it: the step probe runs, after the loaders, and fails
+    assert [r["kind"] for r in records] == ["loader", "loader", "step"], records
+    assert records[-1]["rate"] is None and records[-1]["status"] != "ok"
+    queued = study.get_trials(deepcopy=False)
+    assert len(queued) == 1, queued
+    fastest = max(r["rate"] for r in records if r["kind"] == "loader")
+    assert queued[0].user_attrs[PREDICTED] == pytest.approx(min(fastest, step_ceiling(1.0, 0.9)), rel=1e-3)
+
+    records, study = probed(1e9)  # no loader could be worth a trial: the step would change nothing
+    assert [r["kind"] for r in records] == ["loader", "loader"] and not study.get_trials(deepcopy=False)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -372,12 +373,45 @@ def train_slow_items(ctx) -> None:
     """``train_input_bound`` over 65,536 items that take 10 ms each: filling device memory with all of them
     (``loader: device``) takes over 40 s even with 16 workers, where a DataLoader's first batches come in a
     fraction of a second."""
+    _train_tiny_on(ctx, SlowItems(65536, seed=ctx.seed, seconds=0.01))
+
+
+def _train_tiny_on(ctx, data: torch.utils.data.Dataset, before_step: Optional[Callable[[], None]] = None) -> None:
+    """The tiny model trained on ``data`` through ctx.loader, ``before_step`` called ahead of each step."""
     torch.manual_seed(ctx.seed)
     model = ctx.model(tiny_model())
     optimizer = ctx.optimizer(PlainSGD, model.parameters(), lr=0.1 * ctx.lr_scale)
     step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
-    for inputs, targets in ctx.batches(ctx.loader(SlowItems(65536, seed=ctx.seed, seconds=0.01))):
+    for inputs, targets in ctx.batches(ctx.loader(data)):
+        if before_step is not None:
+            before_step()
         step(inputs, targets)
+
+
+class HangsWithoutWorkers(SlowItems):
+    """``SlowItems`` whose items never come in the main process: a loader without workers hangs, as a
+    dataset reading from a stalled mount would, while one with workers is served."""
+
+    def __getitem__(self, index: int):
+        if torch.utils.data.get_worker_info() is None:
+            time.sleep(3600)
+        return super().__getitem__(index)
+
+
+def train_hangs_without_workers(ctx) -> None:
+    """The tiny model over ``HangsWithoutWorkers``."""
+    _train_tiny_on(ctx, HangsWithoutWorkers(seed=ctx.seed))
+
+
+def train_step_probe_fails(ctx) -> None:
+    """The tiny model over ``SlowItems``, whose step fails in a step probe (and only there): what a probe that measures
+    nothing leaves the prediction."""
+
+    def refuse_in_a_step_probe() -> None:
+        if ctx.probe == "step":
+            raise RuntimeError("the step cannot run in a probe")
+
+    _train_tiny_on(ctx, SlowItems(seed=ctx.seed), refuse_in_a_step_probe)
 
 
 class IterableItems(torch.utils.data.IterableDataset):

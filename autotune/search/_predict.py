@@ -20,7 +20,8 @@ T = TypeVar("T")
 
 __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
            "best_predicted",
-           "correction_of", "loader_moves", "nearest_first", "predict", "prediction_error_summary"]
+           "correction_of", "loader_moves", "nearest_first", "predict", "prediction_error_summary",
+           "step_ceiling"]
 
 # When the loop probes, shared with the replay so that ``simulate`` measures what a study does.
 INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
@@ -75,6 +76,16 @@ def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: fl
     """A full trial's samples/s from its loader's and its step's, measured apart."""
     rates = [r for r in (loader_rate, step_rate) if r]
     return min(rates) * factor if rates else None
+
+
+def step_ceiling(throughput: Optional[float], data_wait_fraction: Optional[float]) -> Optional[float]:
+    """The step's rate a full trial implies: its samples over the share of its time it did not wait on its
+    input; None without a wait below 1. It can over-state the step, not under-state it: a device still busy
+    with the last step while the host waits for the next batch counts as waiting. A variant
+    predicted from it is checked by its own full trial, as every prediction is."""
+    if not throughput or data_wait_fraction is None or not 0.0 <= data_wait_fraction < 1.0:
+        return None
+    return throughput / (1.0 - data_wait_fraction)
 
 
 def best_predicted(candidates: Sequence[tuple[Optional[float], T]], step_rate: Optional[float], factor: float,

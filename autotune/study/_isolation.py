@@ -216,6 +216,15 @@ def _result(result_path: Path, tail: str, wall: float) -> Optional[TrialOutcome]
     return dataclasses.replace(outcome, wall_seconds=wall)
 
 
+def read_partial(workdir: Path) -> Optional[dict[str, Any]]:
+    """What a loader probe in ``workdir`` measured before it ended without a result (a deadline killed it),
+    or None: ``rates``, ``errors`` and ``windows`` of the configs it finished, in order."""
+    try:
+        return json.loads(ProcessFiles(folder=workdir).partial.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProcessFiles:
     """Where one trial process writes: its log (stdout and stderr), compile clock and result."""
@@ -234,10 +243,15 @@ class ProcessFiles:
     def clock(self) -> Path:
         return self.folder / "compile_clock.json"
 
+    @property
+    def partial(self) -> Path:
+        """What a loader probe measured so far (``read_partial``)."""
+        return self.folder / "partial.json"
+
     def prepare(self) -> None:
         """Create the folder and drop what an earlier run left in it (raises OSError)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        for stale in (self.result, self.log, self.clock):
+        for stale in (self.result, self.log, self.clock, self.partial):
             stale.unlink(missing_ok=True)
 
 
@@ -315,7 +329,8 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
     for spec, where in zip(specs, files):
         proc = _mp_context().Process(
             target=_child,
-            args=(spec, str(where.result), str(where.log), os.getpid(), trial_environ(), str(where.clock)),
+            args=(spec, str(where.result), str(where.log), os.getpid(), trial_environ(), str(where.clock),
+                  str(where.partial)),
             daemon=False,
         )
         proc.start()

@@ -33,11 +33,13 @@ from optuna.trial import TrialState
 
 from autotune._config import TrialConfig
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
-                                       correction_of, loader_moves, nearest_first, predict)
+                                       correction_of, loader_moves, nearest_first, predict,
+                                       step_ceiling)
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._progress import _Progress
+from autotune.study._isolation import read_partial
 from autotune.study._runner import TrialRunner
 
 PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
@@ -225,22 +227,31 @@ class LoaderProbes:
     def _loader_group(self, pending: list[TrialConfig], ui: _Progress, keep: float,
                       limit: Optional[float] = None) -> None:
         """One loader-probe process over ``pending`` (see ``_loaders``), within ``limit`` seconds where given;
-        records each config's rate."""
+        records each config's rate. A process killed at its deadline keeps the rates of the configs it
+        finished (``read_partial``): only the one it was measuring, and those after it, are lost."""
         done = self._done()
         ui.status(f"loader probe: {len(pending)} loader configs of {pending[0].describe()}")
         timeout = self.clock.cap(self.runner.timeout, keep=keep)
+        workdir = f"probe-loader-{len(done)}"
         with self.clock.part("probes"):
-            outcome = self.runner.run(pending[0], f"probe-loader-{len(done)}", seed=self.seed, probe="loader",
+            outcome = self.runner.run(pending[0], workdir, seed=self.seed, probe="loader",
                                       loader_variants=pending[1:],
                                       timeout=min(timeout, limit) if limit is not None else timeout)
         measurement = outcome.measurement
         extras = dict(measurement.extras) if outcome.ok and measurement is not None else {}
-        rates = [measurement.throughput if outcome.ok and measurement else None,
-                 *(extras.get("loader_rates") or [None] * (len(pending) - 1))]
-        errors = [None if outcome.ok else f"{outcome.status}: {outcome.error}",
-                  *(extras.get("loader_errors") or [None] * (len(pending) - 1))]
-        windows = [len(measurement.window_throughputs) if outcome.ok and measurement else 0,
-                   *(extras.get("loader_windows") or [0] * (len(pending) - 1))]
+        if outcome.ok:
+            rates = [measurement.throughput if measurement else None,
+                     *(extras.get("loader_rates") or [None] * (len(pending) - 1))]
+            errors = [None, *(extras.get("loader_errors") or [None] * (len(pending) - 1))]
+            windows = [len(measurement.window_throughputs) if measurement else 0,
+                       *(extras.get("loader_windows") or [0] * (len(pending) - 1))]
+        else:
+            partial = read_partial(self.runner.logdir / workdir) or {}
+            finished = len(partial.get("rates") or [])
+            lost = f"{outcome.status}: {outcome.error}"
+            rates = [*(partial.get("rates") or []), *[None] * (len(pending) - finished)]
+            errors = [*(partial.get("errors") or []), *[lost] * (len(pending) - finished)]
+            windows = [*(partial.get("windows") or []), *[0] * (len(pending) - finished)]
         seconds = round(outcome.wall_seconds / len(pending), 3)  # the process's seconds, shared
         records = []
         for config, rate, error, timed in zip(pending, rates, errors, windows):
@@ -256,22 +267,41 @@ class LoaderProbes:
                                       if k not in ("loader_rates", "loader_errors", "loader_windows")}})
         self._record(records)
 
-    def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0
-            ) -> Optional[TrialConfig]:
-        """Probe the incumbent's step and its loader variants; enqueue the best predicted variant.
+    def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0,
+            incumbent_wait: Optional[float] = None) -> Optional[TrialConfig]:
+        """Probe the incumbent's loader variants and its step; enqueue the best predicted variant.
+
+        The loader's variants run first: the incumbent waits on its input (``incumbent_wait``, its trial's
+        data-wait fraction), so they decide. The step's rate only caps what a variant can deliver, and the
+        incumbent's own trial bounds it already (``step_ceiling``), while a compiled step's probe compiles again
+        in a process of its own: run first under a budget, it took the probes' time and timed out, and no
+        loader variant was measured (an H100 ConvNeXt-T study, ``benchmarks/results/answer-first-h200.md``).
+        So the step probe runs after them, where some variant's loader could be worth a trial and time is
+        left; where it does not run or measures nothing, the ceiling stands in.
 
         Returns the enqueued config, or None (no variant predicted worth a full trial, or no time)."""
         batches = [v for v in batch_variants(self.space, incumbent, self._ooms()) if not self._measured(v)]
         variants = [v for v in loader_variants(self.space, incumbent) if not self._measured(v)]
         if not variants and not batches:
             return None
-        step_rate = self._step(incumbent, ui, keep)
         factor = correction(self.study)
+        ceiling = step_ceiling(incumbent_rate, incumbent_wait)
+        known = self._done().get(f"step:{_key(incumbent)}")
         # One process: the loader at the larger batches first (under scale), then its own knobs' variants.
         # Under scale the batch is a lever of the step too: a device loader feeding the incumbent's step does
         # not say the larger batches' loaders are idle, so those are probed whatever it feeds.
-        rates = self._loaders([*batches, *variants], ui, keep, enough=None if batches else step_rate)
+        enough = (known or {}).get("rate") or ceiling
+        rates = self._loaders([*batches, *variants], ui, keep, enough=None if batches else enough)
         batch_rates, loader_rates = rates[:len(batches)], rates[len(batches):]
+        fastest = max((r for r in rates if r), default=None)
+        step_rate = None
+        if fastest and predict(fastest, None, factor) >= WORTH * incumbent_rate:
+            step_rate = self._step(incumbent, ui, keep)
+            if step_rate is None and ceiling:
+                ui.say(f"  probes: no step probe measured the incumbent's step; its own trial bounds it at "
+                       f"{ceiling:,.0f}/s ({incumbent_rate:,.0f}/s over the {1 - incumbent_wait:.0%} of its time "
+                       "it did not wait on its input)")
+        step_rate = step_rate or ceiling
         best = best_predicted(list(zip(loader_rates, variants)), step_rate, factor, incumbent_rate)
         batch_best = self._best_batch(list(zip(batch_rates, batches)), step_rate, factor, incumbent_rate, ui, keep)
         if batch_best is not None and (best is None or batch_best[0] >= best[0]):
@@ -287,11 +317,13 @@ class LoaderProbes:
         return variant
 
     def probed(self, config: TrialConfig) -> bool:
-        """Whether ``config``'s probes ran already (its step probe is stored), or none is left to run."""
-        if f"step:{_key(config)}" in self._done():
+        """Whether ``config``'s probes ran already (its step probe, or its variants' loader probes, are stored),
+        or none is left to run."""
+        done = self._done()
+        if f"step:{_key(config)}" in done:
             return True
         return not [v for v in (*loader_variants(self.space, config), *batch_variants(self.space, config, self._ooms()))
-                    if not self._measured(v)]
+                    if not self._measured(v) and f"loader:{_key(v)}" not in done]
 
     def _best_batch(self, candidates: list[tuple[Optional[float], TrialConfig]], step_rate: Optional[float],
                     factor: float, incumbent_rate: float, ui: _Progress, keep: float

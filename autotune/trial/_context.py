@@ -6,6 +6,7 @@ import contextlib
 import json
 import itertools
 import math
+import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -90,6 +91,7 @@ class TrialContext:
         loader_variants: Sequence[TrialConfig] = (),
         adopt_script_batch: bool = False,
         run: Any = None,
+        partial_path: Optional[str] = None,
     ) -> None:
         self.config = config
         self.run = run
@@ -101,6 +103,7 @@ class TrialContext:
         # A loader probe's further configs (other loader knobs, the same batch): each is built on the same
         # dataset and measured in turn in this one process, so many loader configs cost one process.
         self.loader_variants = tuple(loader_variants)
+        self._partial_path = partial_path  # where a loader probe keeps what it measured so far
         self.prune_below = prune_below
         self.budget = budget
         self.seed = seed
@@ -339,6 +342,7 @@ class TrialContext:
         rates: list[Optional[float]] = []
         errors: list[Optional[str]] = []
         windows: list[int] = []  # each variant's timed windows (1: it stopped as too slow)
+        first: tuple[float, int] = (0.0, 0)
         fastest = 0.0
         for index, cfg in enumerate((self.config, *self.loader_variants)):
             # Each at its own batch: under batch_policy scale the batch is a lever of the loader too.
@@ -354,6 +358,7 @@ class TrialContext:
                 rates.append(None)
                 errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
                 windows.append(0)
+                self._keep_partial(first, rates, errors, windows)
                 continue
             finally:
                 loader = None  # its workers end before the next variant's start
@@ -363,12 +368,30 @@ class TrialContext:
                 rates.append(rate)
                 errors.append(None)
                 windows.append(len(recorder.windows))
+            else:
+                first = (rate, len(recorder.windows))
+            self._keep_partial(first, rates, errors, windows)
         self.extras["probe"] = "loader"
         if self.loader_variants:
             self.extras["loader_rates"] = rates
             self.extras["loader_errors"] = errors
             self.extras["loader_windows"] = windows
         raise ProbeDone("the loader probe measured its windows")
+
+    def _keep_partial(self, first: tuple[float, int], rates: list[Optional[float]], errors: list[Optional[str]],
+                      windows: list[int]) -> None:
+        """Write what the loader probe measured so far: a probe killed at its deadline loses only the config
+        it was measuring (the coordinator reads it with ``read_partial``)."""
+        if self._partial_path is None:
+            return
+        data = {"rates": [first[0], *rates], "errors": [None, *errors], "windows": [first[1], *windows]}
+        tmp = self._partial_path + ".tmp"
+        try:
+            with open(tmp, "w") as handle:
+                json.dump(data, handle)
+            os.replace(tmp, self._partial_path)
+        except OSError:
+            pass  # a full disk costs the partial record only; the result is written apart
 
     def _measure_loader(self, loader: Iterable[Any], cfg: TrialConfig, recorder: WindowRecorder,
                         stop_below: Optional[float] = None) -> None:

@@ -134,13 +134,16 @@ def _limit_address_space(extra_gib: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialOutcome:
+def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None,
+            partial_path: Optional[str] = None) -> TrialOutcome:
     """Run one trial in this process and classify how it ended. Used by the trial child.
 
     Args:
         spec: What to run.
         compile_clock_path: Where to keep the compile clock the coordinator's compile deadline reads
             (only when the config compiles).
+        partial_path: Where a loader probe keeps the rates it measured so far, for a coordinator that
+            kills it at its deadline.
     """
     import torch
 
@@ -183,6 +186,7 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None) -> TrialO
                 probe=spec.probe,
                 loader_variants=spec.loader_variants,
                 adopt_script_batch=spec.adopt_script_batch,
+                partial_path=partial_path,
             )
             try:
                 returned = fn(ctx)
@@ -252,7 +256,7 @@ def _die_with_coordinator(pid: int, interval: float = 1.0) -> None:
 
 
 def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, environ: dict[str, str],
-           compile_clock_path: Optional[str] = None) -> None:
+           compile_clock_path: Optional[str] = None, partial_path: Optional[str] = None) -> None:
     os.setsid()  # own process group: the parent kills it whole, DataLoader workers included
     _die_with_coordinator(coordinator)
     if sys.platform.startswith("linux"):
@@ -285,7 +289,7 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
             print(f"autotune trial: cannot enter the study's working directory {cwd}: {exc}", file=sys.stderr,
                   flush=True)
     try:
-        outcome = execute(spec, compile_clock_path)
+        outcome = execute(spec, compile_clock_path, partial_path)
     except OSError:  # the log itself cannot be written (a full disk): nothing to classify, nowhere to say it
         os._exit(INFRA_EXIT_CODE)
     try:
