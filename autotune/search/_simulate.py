@@ -40,8 +40,9 @@ from optuna.distributions import CategoricalDistribution
 from autotune._config import COMPILE_MODES_WITH_GRAPHS
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
-from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, SLOW_VARIANT_SHARE, PredictionError,
-                                      best_predicted, correction_of, loader_moves, predict, prediction_error_summary)
+from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, SLOW_VARIANT_SHARE, WORTH,
+                                      PredictionError, best_predicted, correction_of, loader_moves, predict,
+                                      prediction_error_summary, step_ceiling)
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
 
@@ -328,8 +329,9 @@ class TrialClock:
 class ReplayProbes:
     """The loop's loader probes (``autotune.study._probes``) against a table whose rows record the rates the
     probes would measure (``loader_rate``, ``step_rate``): when the incumbent waits on its input at least
-    ``INPUT_BOUND`` of its windows, its step and each loader variant are probed (with the replay's noise), and
-    the variant ``best_predicted`` names is the next full trial. Probes are not trials; their seconds count.
+    ``INPUT_BOUND`` of its windows, each loader variant is probed (with the replay's noise), then its step where
+    some variant's loader could be worth a trial (else its row's ``step_ceiling`` stands in), and the variant
+    ``best_predicted`` names is the next full trial. Probes are not trials; their seconds count.
 
     The loader variants of one incumbent run in one probe process, as the loop runs them: the process's start
     and build are paid once, and each variant its samples at its loader's rate. Both parts come from the
@@ -377,8 +379,7 @@ class ReplayProbes:
         variants = [v for v in variants[:MAX_LOADER_PROBES] if _key(v) not in measured]
         if not variants:
             return None, 0.0
-        step_rate, seconds = self._rate("step", incumbent)
-        candidates, windows, fastest = [], 0.0, 0.0
+        candidates, windows, fastest, seconds = [], 0.0, 0.0, 0.0
         for variant in variants:
             rate, cost = self._rate("loader", variant)
             candidates.append((rate, variant))
@@ -388,7 +389,15 @@ class ReplayProbes:
             fastest = max(fastest, rate or 0.0)
         if windows:
             seconds += self.process_seconds + windows  # one process for every variant not probed before
-        return best_predicted(candidates, step_rate, correction_of(self.pairs), observed), seconds
+        factor = correction_of(self.pairs)
+        # As the loop does: the step probe after the loaders, only where a loader could be worth a trial;
+        # the incumbent's own row bounds the step where it measures nothing.
+        step_rate = None
+        if fastest and fastest * factor >= WORTH * observed:
+            step_rate, spent = self._rate("step", incumbent)
+            seconds += spent
+        step_rate = step_rate or step_ceiling(observed, self.table.lookup(incumbent).data_wait_fraction)
+        return best_predicted(candidates, step_rate, factor, observed), seconds
 
 
 def _cost_parts(table: ReplayTable) -> tuple[float, float]:
