@@ -81,8 +81,8 @@ def predict(loader_rate: Optional[float], step_rate: Optional[float], factor: fl
 def step_ceiling(throughput: Optional[float], data_wait_fraction: Optional[float]) -> Optional[float]:
     """The step's rate a full trial implies: its samples over the share of its time it did not wait on its
     input; None without a wait below 1. It can over-state the step, not under-state it: a device still busy
-    with the last step while the host waits for the next batch counts as waiting. A variant
-    predicted from it is checked by its own full trial, as every prediction is."""
+    with the last step while the host waits for the next batch counts as waiting. A variant predicted from it
+    is checked by its own full trial, as every prediction is."""
     if not throughput or data_wait_fraction is None or not 0.0 <= data_wait_fraction < 1.0:
         return None
     return throughput / (1.0 - data_wait_fraction)

@@ -33,13 +33,12 @@ from optuna.trial import TrialState
 
 from autotune._config import TrialConfig
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
-                                       correction_of, loader_moves, nearest_first, predict,
-                                       step_ceiling)
+                                       correction_of, loader_moves, nearest_first, predict, step_ceiling)
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.study._budget import MIN_RUN_S, StudyClock
-from autotune.study._progress import _Progress
 from autotune.study._isolation import read_partial
+from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 
 PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
