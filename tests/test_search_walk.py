@@ -600,3 +600,54 @@ def test_a_prior_point_that_misses_the_accuracy_bound_moves_to_more_precise_valu
     assert all({k: v for k, v in t.params.items() if k != "precision"} == {k: v for k, v in first.items() if k != "precision"}
                for t in study.trials[1:4]), [t.params for t in study.trials]
     assert "fp8" not in precisions[:3]
+
+
+def test_an_input_bound_plateau_tries_the_loader_knobs_in_pairs_before_the_other_single_moves():
+    # Without a diagnosis the step's knobs read flat (input-bound), and every loader knob alone read no faster:
+    # nothing has lifted the rate since the first trial. The loader's knobs share the host, so their pairs
+    # come next, before the batch's single moves (before: a noise-level combined move, then the batch ladder).
+    flat = [(("batch_size", 512), 999.0), (("precision", "fp32"), 992.0), (("compile", "off"), 996.0),
+            (("num_workers", 16), 990.0), (("num_workers", 4), 985.0), (("num_workers", 0), 150.0),
+            (("pin_memory", False), 995.0)]
+    study, seen = _undiagnosed_study(flat)
+    best = max((s for s in seen if s.value), key=lambda s: s.value)
+    assert study.sampler._bottleneck_of(seen, best) == "input-bound"
+    for _ in range(2):
+        trial, params = _ask(study)
+        changed = {k for k in params if params[k] != best.params[k]}
+        assert len(changed) == 2 and changed <= INPUT, params
+        _tell(study, trial, 990.0)
+
+
+def test_the_combined_move_reads_no_effect_off_trials_far_slower_than_the_fastest():
+    # Rule 10: the zero- and four-worker trials, many times slower, ran with pinning off; in the fit their residual
+    # leaked into pinning off, and pinning on, measured slower beside the incumbent, read the winner. They ran in
+    # another regime (the step waiting for its input) and are left out of the fit: nothing to combine.
+    from autotune.search._sampler import _Seen
+
+    sampler = GuidedSampler(search_space=SPACE, seed=0)
+    prior = sampler.prior_point()
+    runs = [({}, 100.0), ({"pin_memory": False}, 101.0), ({"batch_size": 512}, 100.5),
+            ({"pin_memory": False, "num_workers": 0}, 5.0), ({"pin_memory": False, "num_workers": 4}, 15.0)]
+    seen = [_Seen(number=i, params={**prior, **change}, value=value, feasible=True, oom=False, reference=False)
+            for i, (change, value) in enumerate(runs)]
+    assert sampler._combined(seen, seen[1].params, set(), set()) == []
+
+
+def test_a_flat_knobs_value_that_never_ran_is_a_single_move_before_the_pairs():
+    # The batch read flat on two lines (256 and 512, within 1%), so its measured values wait; batch 128, on the
+    # other side of the incumbent, never ran and has shown nothing: it is the next single move, not a pair's half.
+    from autotune.search._sampler import _Seen
+
+    space = {"precision": CategoricalDistribution(["fp32", "bf16"]),
+             "batch_size": CategoricalDistribution([64, 128, 256, 512]),
+             "compile": CategoricalDistribution(["off", "default"]),
+             "channels_last": CategoricalDistribution([False, True])}
+    sampler = GuidedSampler(search_space=space, seed=0)
+    prior = sampler.prior_point()
+    runs = [({}, 100.4), ({"batch_size": 512}, 100.0), ({"precision": "fp32"}, 99.6), ({"compile": "off"}, 99.8),
+            ({"channels_last": False}, 99.7), ({"channels_last": False, "batch_size": 512}, 99.9)]
+    seen = [_Seen(number=i, params={**prior, **change}, value=value, feasible=True, oom=False, reference=False)
+            for i, (change, value) in enumerate(runs)]
+    assert "batch_size" in sampler._barely_matters(seen)
+    assert sampler.propose(seen) == {**prior, "batch_size": 128}

@@ -30,12 +30,14 @@ random until a model forms, the sampler:
    of near-equal gain (``NEAR_TIE``), so a costly move that can win (a max-autotune compile) does not wait
    behind several cheap ones that rarely do; a value whose gain the model predicts (``value_gains``: fp8
    gains only on the linear work it converts) has its gain scaled by it; a knob measured flat on two lines
-   waits with the knobs that cannot help;
+   waits with the knobs that cannot help, but for its values that no trial has run;
    where nothing recorded the incumbent's bottleneck (no diagnosis, no input wait: a ``train_fn`` that times
    its own loop, an older table), the batch line does not make the input knobs wait (a loader's cost per
    sample or per batch draws the same line as the step's), and the step's knobs and the input pipeline's
    are ranked apart, so each group's first knob is among the first moves; and once two or more of the step's
-   own knobs were measured and none moves the rate (``_step_flat``), the incumbent reads as input-bound;
+   own knobs were measured and none moves the rate (``_step_flat``), the incumbent reads as input-bound; while
+   input-bound and no trial has lifted the rate past the first one's noise (``_stalled``), the loader's
+   knobs are tried in pairs right after their single moves: they share the host's cores and memory;
 6. on a numeric knob (batch, workers), defers the values that lie past a measured value slower than the
    incumbent, as seen from the incumbent: throughput along one knob is close to unimodal, so after batch
    256 < 384 < 512 the walk tries the next knob before batch 192 and 128;
@@ -55,7 +57,8 @@ random until a model forms, the sampler:
    benchmark off), all at once: the walk can take them back one by one once the batch fits;
 10. before the single-knob moves, tries the winners of separate lines together (``_combined``): an additive
    model of log-throughput, one effect per knob value, ridge-fitted to every feasible trial, names the knobs
-   whose measured value beats the incumbent's by ``COMBINE_MARGIN``; the incumbent with all of them switched
+   whose measured value beats the incumbent's by ``COMBINE_MARGIN`` (trials far slower than the fastest,
+   ``COMBINE_FLOOR``, are left out: effects do not add up across regimes); the incumbent with all of them switched
    is the next move (one is enough: the workers the loader probes found at the reference's config, joined to
    the prior point's precision and batch). Knob effects are close to separable, so values that won on
    different lines (a batch on one, pinning on another) rarely need a walk of single moves to meet.
@@ -208,6 +211,8 @@ NEAR_TIE = 0.75
 COMBINE_MARGIN = 0.02
 COMBINE_RIDGE = 0.1
 COMBINE_MIN_TRIALS = 3
+# Rule 10 fits only the trials at least this share of the fastest one's throughput.
+COMBINE_FLOOR = 0.2
 # A value that failed this many times and never ran is not proposed again by the walk.
 FAILS_TO_DROP = 2
 # How much of fp32's arithmetic a precision keeps: a precision that missed the accuracy bound makes every lower
@@ -388,6 +393,10 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         flat = self._barely_matters(seen)
         paired = first  # a knob flat alone can still matter beside another (a shared resource: cores, host memory)
         first, later = [k for k in first if k not in flat], [k for k in first if k in flat] + later
+        # Flat is what the measured values showed: a value of a flat knob that no trial has run (a smaller batch
+        # where only larger ones were measured) has shown nothing, and stays with the first tier's moves.
+        ran = {(k, self._key([v])) for s in seen if s.value is not None for k, v in s.params.items()}
+        flat_first = [k for k in paired if k in flat]
         prefer = BOTTLENECK_VALUES.get(label or "", {})
         deferred = self._past_slower(seen, anchor, best)
         # A value that crashed once at another incumbent is not condemned everywhere: a crash may be the config's
@@ -402,10 +411,18 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             return self._ranked(self._neighbours(anchor, failed_anchor, worse, knobs, deferred, prefer), anchor,
                                 knobs, seen, cost, best, prefer)
 
+        # Input-bound, and nothing has lifted the rate since the first config: the loader's knobs share the host
+        # (its cores, its memory for the queued batches), so where none of them alone moves the rate, they are
+        # tried in pairs before the other knobs' single moves.
+        loader = [k for k in paired if k in INPUT_KNOBS] if label == INPUT_BOUND and self._stalled(seen) else []
         moves = itertools.chain(
             [roomier] if roomier else [],
             self._combined(seen, anchor, worse, dropped),
+            ranked([k for k in first if k in loader]),
+            self._pair_moves(anchor, worse, loader, deferred),
             ranked(first),
+            (c for c in ranked(flat_first) if (moved := _moved(c, anchor, flat_first)) and
+             (moved, self._key([c[moved]])) not in ran),
             ({**anchor, name: value} for name, value in deferred if name in first),
             self._pair_moves(anchor, worse, paired, deferred),
             ranked(later),
@@ -513,6 +530,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         if sum(1 for values in ratios if values) < 2 or pairs[-1] >= 1 + self._skip_margin:
             return False
         return pairs[(len(pairs) - 1) // 2] < 1 + self._skip_margin / 3
+
+    def _stalled(self, seen: list[_Seen]) -> bool:
+        """Whether no feasible trial has beaten the study's first (the reference aside) by a third of
+        ``skip_margin``: every move so far read within the noise of where the walk started."""
+        ran = [s for s in seen if s.feasible and s.value and not s.reference]
+        if not ran:
+            return False
+        start = min(ran, key=lambda s: s.number)
+        return max(s.value or 0.0 for s in ran) < (1 + self._skip_margin / 3) * (start.value or 0.0)
 
     def _batch_bound(self, seen: list[_Seen], best: _Seen) -> Optional[str]:
         """Launch- or compute-bound from the step time against the batch on the incumbent's line (every other
@@ -724,9 +750,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                   dropped: set[tuple[str, Any]]) -> list[dict[str, Any]]:
         """The incumbent with every knob switched whose measured effect beats its value by ``COMBINE_MARGIN``
         (rule 10); nothing where none does. Effects: ridge regression (``COMBINE_RIDGE``) of the
-        centred log-throughput of the feasible trials on one indicator per knob value; a value never measured
-        has no effect to read, and one that is clearly worse than the incumbent's, or dropped, is not chosen."""
+        centred log-throughput of the feasible trials (within ``COMBINE_FLOOR`` of the fastest) on one indicator
+        per knob value; a value never measured has no effect to read, and one that is clearly worse than the
+        incumbent's, or dropped, is not chosen."""
         data = [s for s in seen if s.feasible and s.value and s.value > 0]
+        # A trial many times slower than the fastest ran in another regime (no workers: the step waits for every
+        # batch), where effects do not add up; in the fit the ridge leaks its residual into every value it ran
+        # with, and on a plateau that leak alone made values measured slower read as winners.
+        top = max((s.value or 0.0 for s in data), default=0.0)
+        data = [s for s in data if (s.value or 0.0) >= COMBINE_FLOOR * top]
         knobs = [k for k in self._order if k in anchor]
         columns: dict[tuple[str, str], int] = {}
         for s in data:
@@ -883,6 +915,11 @@ def seen_trial(trial: FrozenTrial, space: Mapping[str, BaseDistribution]) -> _Se
         slow_compile=next(iter(slow_compile_modes([attrs])), None),
         refused=_refused(attrs.get("refused_value")),
     )
+
+
+def _moved(candidate: Mapping[str, Any], anchor: Mapping[str, Any], knobs: Sequence[str]) -> Optional[str]:
+    """The knob of ``knobs`` that a single move ``candidate`` changes from ``anchor``, else None."""
+    return next((k for k in knobs if candidate.get(k) != anchor.get(k)), None)
 
 
 def _less_precise(value: Any, than: Any) -> bool:
