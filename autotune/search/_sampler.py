@@ -603,7 +603,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         ranks = _group_ranks(knobs) if _undiagnosed(best) else {k: i for i, k in enumerate(knobs)}
         scored = []
         for i, candidate in enumerate(candidates):
-            name = next((k for k in knobs if candidate[k] != anchor[k]), None)
+            name = _moved(candidate, anchor, knobs)
             if name is None:
                 continue
             order = self._value_order(name, anchor[name], prefer=prefer.get(name, ()))

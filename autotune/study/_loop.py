@@ -232,8 +232,7 @@ class TrialLoop:
         assert best is not None and self.probes is not None
         self._probed.add(best.number)
         keep = race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0
-        wait = next((t.user_attrs.get("data_wait_fraction") for t in self.study.get_trials(deepcopy=False)
-                     if t.number == best.number), None)
+        wait = self.study.get_trials(deepcopy=False)[best.number].user_attrs.get("data_wait_fraction")
         self.probes.run(best.config, best.throughput, ui, keep=keep, incumbent_wait=wait)
 
     def _note_first_faster(self) -> None:
