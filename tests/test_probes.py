@@ -251,6 +251,45 @@ def test_a_device_loader_that_outruns_the_step_spares_the_dataloaders_probes(tmp
     assert all(rates) and loaders == ["device", "torch", "torch"], (rates, loaders)
 
 
+def test_the_device_resident_loader_runs_as_the_next_full_trial_without_a_probe_and_then_the_dataloaders(
+        tmp_path, cpu_caps):
+    """An input-bound reference whose space offers ``loader: device``: that variant's full trial is queued next
+    with no probe process (its rate would only say it runs), bounded by the reference's step ceiling, which
+    the correction of later predictions does not read. Where that trial is refused (the augmented dataset
+    differs between fetches; the reference's workers left the question open), the DataLoader's variants are
+    probed next, as before."""
+    from autotune.study._probes import CEILING_BASIS, PREDICTED_BASIS, correction
+
+    space = SPACE.replace("cpu_threads: [1]", "cpu_threads: [1]\n  loader: [torch, device]")
+    (tmp_path / "space.yaml").write_text(space)
+
+    def study_of(target: str, name: str, n_trials: int, workers: int = 0) -> optuna.Study:
+        (tmp_path / f"{name}.yaml").write_text(space.replace("num_workers: 0,", f"num_workers: {workers},"))
+        Tuner(f"{WORKLOADS}:{target}", space=tmp_path / f"{name}.yaml", n_trials=n_trials,
+              storage=f"sqlite:///{tmp_path}/s.db", studies_dir=tmp_path / "studies", progress=False, plots=False,
+              capabilities=cpu_caps, reference_repeats=1, top_k=0, prune_below=None, study_name=name).run()
+        return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/s.db")
+
+    study = study_of("train_input_bound", "direct", 2)
+    trials = study.trials
+    assert trials[0].user_attrs["data_wait_fraction"] >= 0.5 and trials[1].params["loader"] == "device"
+    attrs = trials[1].user_attrs
+    assert attrs["status"] == "ok" and attrs[PREDICTED_BASIS] == CEILING_BASIS
+    ceiling = trials[0].user_attrs["throughput"] / (1 - trials[0].user_attrs["data_wait_fraction"])
+    assert attrs[PREDICTED] == pytest.approx(ceiling, rel=1e-3)
+    assert correction(study) == 1.0  # the bound is no prediction to correct others by
+    probes = study.user_attrs[PROBES]
+    assert [(p["kind"], p["status"]) for p in probes] == [("loader", "as_trial")]  # no probe process ran
+    assert "the device-resident loader as a full trial, not probed" in study.user_attrs["time_split"]["probes_why"]
+    assert attrs["throughput"] > 2 * trials[0].user_attrs["throughput"]
+
+    study = study_of("train_augmented", "refused", 3, workers=1)
+    trials = study.trials
+    assert trials[1].params["loader"] == "device" and trials[1].user_attrs["status"] == "error"
+    measured = [p for p in study.user_attrs[PROBES] if p["status"] == "ok"]
+    assert measured and all(p["config"]["loader"] == "torch" for p in measured), study.user_attrs[PROBES]
+
+
 def test_a_loader_variant_whose_probe_timed_out_is_not_predicted():
     """Without its loader's rate, a variant would be predicted at the step's rate alone: the H100 ViT-B/32 study
     (``answer-first-h200.md``) had every DataLoader variant's probe time out, each then promised 7,712 img/s."""

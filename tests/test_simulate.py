@@ -194,6 +194,31 @@ def test_replayed_probes_choose_the_next_trial_and_charge_their_seconds(table):
     assert start + windows < 12 * start  # twelve processes would pay the start twelve times
 
 
+def test_replayed_probes_run_the_device_resident_loader_as_the_next_trial_without_probing_it(tmp_path):
+    # As the loop does: an input-bound incumbent's device-loader variant is its next full trial, no probe
+    # seconds charged, bounded by the incumbent's step ceiling; that bound corrects no later prediction.
+    rows = []
+    for loader, workers in [("torch", 0), ("torch", 4), ("device", 0), ("device", 4)]:
+        loader_rate = 1e6 if loader == "device" else 100.0 * max(workers, 1)
+        rate = min(loader_rate, 1000.0)
+        rows.append({"params": {"loader": loader, "num_workers": workers}, "status": "ok", "throughput": rate,
+                     "loader_rate": loader_rate, "step_rate": 1000.0, "data_wait_fraction": 1 - rate / 1000.0,
+                     "trial_seconds": 10 + 4096 / rate, "compile_seconds": 0.0})
+    path = tmp_path / "device.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = ReplayTable.load(path)
+    prober = ReplayProbes(table, NoisyLookup(table, noise=0.0, seed=0), 0)
+    incumbent = {"loader": "torch", "num_workers": 0}
+    (predicted, chosen), seconds = prober.choose(incumbent, 100.0, {json.dumps(incumbent, sort_keys=True)})
+    assert chosen == {"loader": "device", "num_workers": 0} and seconds == 0.0
+    assert predicted == pytest.approx(100.0 / (1 - 0.9))  # the step ceiling: 100/s over the 10% not waiting
+    # Chosen once: the next round probes the DataLoader's variants.
+    (_, chosen), seconds = prober.choose(incumbent, 100.0, {json.dumps(incumbent, sort_keys=True)})
+    assert chosen["loader"] == "torch" and seconds > 0
+    result = replay(table, "guided", trials=3, seed=0, probes=True)
+    assert result.measured[1]["loader"] == "device"
+
+
 def test_replayed_probes_find_a_pair_of_loader_knobs_that_wins_only_together(tmp_path):
     # Host memory holds 32 batches in flight: past it every worker slows down. From 8 workers prefetching 4,
     # more workers alone is slower, and less prefetch alone no faster; both together are 50% faster.

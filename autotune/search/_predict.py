@@ -18,7 +18,7 @@ from autotune._config import SLOW_VARIANT_SHARE  # the trial layer measures by i
 
 T = TypeVar("T")
 
-__all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
+__all__ = ["AS_TRIAL", "INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
            "best_predicted",
            "correction_of", "loader_moves", "nearest_first", "predict", "prediction_error_summary",
            "step_ceiling"]
@@ -27,6 +27,7 @@ __all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError"
 INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
 WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
 MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
+AS_TRIAL = "as_trial"  # a loader probe record's status where its variant ran as a full trial, not probed
 LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 

@@ -345,6 +345,7 @@ class ReplayProbes:
         self.table, self.lookup, self._rng = table, lookup, random.Random(seed)
         self._done: dict[str, Optional[float]] = {}
         self.pairs: list[tuple[float, float]] = []  # (measured, predicted) of the full trials probes chose
+        self.bounds: set[str] = set()  # keys of the trials chosen on a step's ceiling: bounds, not predictions
         self.process_seconds, self.samples = _cost_parts(table)
 
     @classmethod
@@ -379,6 +380,17 @@ class ReplayProbes:
         variants = [v for v in variants[:MAX_LOADER_PROBES] if _key(v) not in measured]
         if not variants:
             return None, 0.0
+        # As the loop does (``LoaderProbes.device_trial``): the device-resident loader is the next full trial,
+        # not probed, bounded by the step; a bound from the ceiling corrects no later prediction.
+        device = next((v for v in variants if v.get("loader") == "device" and "loader:" + _key(v) not in self._done),
+                      None)
+        known = self._done.get("step:" + _key(incumbent))
+        bound = known or step_ceiling(observed, self.table.lookup(incumbent).data_wait_fraction)
+        if device is not None and bound:
+            self._done["loader:" + _key(device)] = None
+            if not known:
+                self.bounds.add(_key(device))
+            return (bound * correction_of(self.pairs), device), 0.0
         candidates, windows, fastest, seconds = [], 0.0, 0.0, 0.0
         for variant in variants:
             rate, cost = self._rate("loader", variant)
@@ -479,7 +491,7 @@ def replay(
         costs.append(seconds + probe_seconds)
         probe_seconds = 0.0
         if predicted is not None:
-            if prober is not None and observed is not None and row.status == "ok":
+            if prober is not None and observed is not None and row.status == "ok" and _key(params) not in prober.bounds:
                 prober.pairs.append((observed, predicted))
             predicted = None
         trial.set_user_attr("status", row.status)

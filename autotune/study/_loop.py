@@ -227,12 +227,15 @@ class TrialLoop:
 
     def _probe(self, ui: _Progress) -> None:
         """Measure the incumbent's loader variants apart (``_probes``) and enqueue the one they predict
-        fastest, instead of walking the loader knobs by full trials."""
+        fastest, instead of walking the loader knobs by full trials; the device-resident loader, where the
+        space offers it, is enqueued first without a probe (``LoaderProbes.device_trial``)."""
         best = _best_record(self.study)
         assert best is not None and self.probes is not None
+        wait = self.study.get_trials(deepcopy=False)[best.number].user_attrs.get("data_wait_fraction")
+        if self.probes.device_trial(best.config, best.throughput, ui, incumbent_wait=wait) is not None:
+            return  # not probed yet: where that trial does not win, its DataLoader variants are probed next
         self._probed.add(best.number)
         keep = race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0
-        wait = self.study.get_trials(deepcopy=False)[best.number].user_attrs.get("data_wait_fraction")
         self.probes.run(best.config, best.throughput, ui, keep=keep, incumbent_wait=wait)
 
     def _note_first_faster(self) -> None:

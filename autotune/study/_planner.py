@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from optuna.trial import TrialState
 
 from autotune._records import BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials
-from autotune.search._predict import INPUT_BOUND, LOADER_KNOBS
+from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS
 from autotune.study._budget import MIN_RUN_S, StudyClock
 
 NOT_RUN = ("infeasible", CANNOT_RUN, OVER_BUDGET)  # statuses of trials answered without a run
@@ -256,8 +256,11 @@ def probes_why(plan: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, 
     """Why the loader probes ran, or did not, in words, from the planner's decisions (``PLAN``)."""
     ran = [d for d in plan if d.get("action") == PROBE]
     if ran:
-        runs = sum(1 for p in probes if p.get("kind") == "loader")
-        return f"{len(ran)} round{'s' if len(ran) != 1 else ''} ({runs} loader configs); the first because {ran[0]['reason']}"
+        runs = sum(1 for p in probes if p.get("kind") == "loader" and p.get("status") != AS_TRIAL)
+        direct = " and the device-resident loader as a full trial, not probed" if any(
+            p.get("status") == AS_TRIAL for p in probes) else ""
+        return (f"{len(ran)} round{'s' if len(ran) != 1 else ''} ({runs} loader configs{direct}); the first because "
+                f"{ran[0]['reason']}")
     held = [d for d in plan if "probe" in str(d.get("reason", ""))]
     if held:
         return f"none ran: {held[-1]['reason']}"

@@ -32,7 +32,8 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune._config import TrialConfig
-from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
+from autotune._records import OVER_BUDGET
+from autotune.search._predict import (AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, WORTH, best_predicted,
                                        correction_of, loader_moves, nearest_first, predict, step_ceiling)
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
@@ -44,7 +45,10 @@ from autotune.study._runner import TrialRunner
 PROBES = "probes"  # study attribute: every probe run (kind, config, rate, seconds)
 PREDICTED = "predicted_throughput"  # trial attribute of a trial enqueued from probes
 PREDICTED_CONFIG = "predicted_config"  # and the config it was predicted for (read before the trial is asked)
-__all__ = ["INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PREDICTED", "PROBES", "WORTH", "LoaderProbes",
+PREDICTED_BASIS = "predicted_basis"  # what bounded the prediction; CEILING_BASIS: a bound, not a prediction
+CEILING_BASIS = "step_ceiling"
+__all__ = ["AS_TRIAL", "CEILING_BASIS", "INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PREDICTED",
+           "PREDICTED_BASIS", "PROBES", "WORTH", "LoaderProbes",
            "batch_variants", "correction", "loader_variants", "predict", "prediction_error"]
 
 
@@ -101,10 +105,11 @@ def _within_space(space: SearchSpace, config: TrialConfig) -> TrialConfig:
 
 
 def correction(study: optuna.Study) -> float:
-    """Median measured / predicted over the full trials that had a prediction (1.0 before any)."""
+    """Median measured / predicted over the full trials that had a prediction (1.0 before any); a bound from
+    a step's ceiling (``CEILING_BASIS``) is no prediction, so it is not read."""
     return correction_of([(t.user_attrs["throughput"], t.user_attrs[PREDICTED]) for t in study.get_trials(deepcopy=False)
                           if t.user_attrs.get(PREDICTED) and t.user_attrs.get("status") == "ok"
-                          and t.user_attrs.get("throughput")])
+                          and t.user_attrs.get("throughput") and t.user_attrs.get(PREDICTED_BASIS) != CEILING_BASIS])
 
 
 def _key(config: TrialConfig) -> str:
@@ -266,6 +271,41 @@ class LoaderProbes:
                                       if k not in ("loader_rates", "loader_errors", "loader_windows")}})
         self._record(records)
 
+    def device_trial(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *,
+                     incumbent_wait: Optional[float] = None) -> Optional[TrialConfig]:
+        """Enqueue the incumbent with the device-resident loader as the next full trial, not probed first,
+        where the space offers it (the reference run found the dataset fit to keep on the device) and no
+        trial or probe has tried it. Returns it, or None.
+
+        That loader indexes batches already in device memory, so its rate is far above any step (1.9 M img/s
+        where a ViT-B/32 step ran 8,800), and the only thing its probe could learn is whether it runs. Its
+        probe costs a process and the dataset's fill all the same, and under a short budget it timed out
+        with nothing measured while the full trial it stood in for would have fit (an H100 ViT-B/32,
+        ``benchmarks/results/answer-first-h200.md``). Predicted at the step's rate: a step probe's where one
+        ran, else the incumbent's ``step_ceiling``; a prediction from the ceiling is a bound
+        (``CEILING_BASIS``), which the correction of later predictions does not read."""
+        done = self._done()
+        device = next((v for v in loader_variants(self.space, incumbent) if v.loader == "device"
+                       and f"loader:{_key(v)}" not in done and not self._tried(v)), None)
+        known = (done.get(f"step:{_key(incumbent)}") or {}).get("rate")
+        bound = known or step_ceiling(incumbent_rate, incumbent_wait)
+        if device is None or not bound:
+            return None
+        predicted = bound * correction(self.study)
+        self._record([{"kind": "loader", "config": device.to_dict(), "config_key": _key(device), "rate": None,
+                       "seconds": 0.0, "batched": 1, "windows": 0, "status": AS_TRIAL,
+                       "error": None, "data_wait_fraction": None, "steps": None, "extras": {}}])
+        basis = "step_probe" if known else CEILING_BASIS
+        self.study.enqueue_trial(self.space.asked_params(device.to_dict()),
+                                 user_attrs={PREDICTED: round(predicted, 3), "predicted_from": "probes",
+                                             PREDICTED_BASIS: basis, PREDICTED_CONFIG: device.to_dict()})
+        step = (f"the step probe's {known:,.0f}/s" if known else
+                f"the step's ceiling from the incumbent's trial, {incumbent_rate:,.0f}/s over the "
+                f"{1 - (incumbent_wait or 0.0):.0%} of its time it did not wait")
+        ui.say(f"  probes: the device-resident loader serves each batch from device memory, so the input stops "
+               f"binding: its full trial is next, not a probe of it (bounded by {step})")
+        return device
+
     def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0,
             incumbent_wait: Optional[float] = None) -> Optional[TrialConfig]:
         """Probe the incumbent's loader variants and its step; enqueue the best predicted variant.
@@ -342,6 +382,13 @@ class LoaderProbes:
         """(number, params) of the trials that ran out of memory, for the memory rule."""
         return [(t.number, t.params) for t in self.study.get_trials(deepcopy=False)
                 if t.user_attrs.get("status") == "oom"]
+
+    def _tried(self, config: TrialConfig) -> bool:
+        """Whether a trial of ``config`` ran, or is running (whatever its outcome; not one the budget left
+        unrun)."""
+        key = self.space.asked_params(config.to_dict())
+        return any(t.params == key for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("status") not in (OVER_BUDGET, "not_run"))
 
     def _measured(self, config: TrialConfig) -> bool:
         key = self.space.asked_params(config.to_dict())
