@@ -257,10 +257,11 @@ def probes_why(plan: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, 
     ran = [d for d in plan if d.get("action") == PROBE]
     if ran:
         runs = sum(1 for p in probes if p.get("kind") == "loader" and p.get("status") != AS_TRIAL)
-        direct = " and the device-resident loader as a full trial, not probed" if any(
-            p.get("status") == AS_TRIAL for p in probes) else ""
-        return (f"{len(ran)} round{'s' if len(ran) != 1 else ''} ({runs} loader configs{direct}); the first because "
-                f"{ran[0]['reason']}")
+        what = [f"{runs} loader configs"] if runs else []
+        if any(p.get("status") == AS_TRIAL for p in probes):
+            what.append("the device-resident loader as a full trial, not probed")
+        return (f"{len(ran)} round{'s' if len(ran) != 1 else ''} ({' and '.join(what) or 'none measured'}); the first "
+                f"because {ran[0]['reason']}")
     held = [d for d in plan if "probe" in str(d.get("reason", ""))]
     if held:
         return f"none ran: {held[-1]['reason']}"
