@@ -69,6 +69,11 @@ def test_the_prior_point_waiting_on_its_input_gets_its_loader_probed() -> None:
     assert decision.action == PROBE and "trial #1, the best so far," in decision.reason
     assert next_action(view_of(kept, knobs=knobs, n_trials=30, clock=StudyClock(),
                                probed=lambda best: True)).action == TRIAL  # probed: the walk goes on
+    # Where the space offers it the device-resident loader, that variant is the round's full trial, not probed.
+    device = next_action(view_of(kept, knobs=knobs, n_trials=30, clock=StudyClock(), device_next=lambda best: True))
+    assert device.action == PROBE and "the device-resident loader: that variant runs as the next full trial" \
+        in device.reason
+    assert "probed apart" in decision.reason and "device-resident" not in decision.reason
 
 
 def test_the_recorded_order_would_have_stopped_for_the_race_and_the_trial_budget() -> None:

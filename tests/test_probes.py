@@ -281,6 +281,8 @@ def test_the_device_resident_loader_runs_as_the_next_full_trial_without_a_probe_
     probes = study.user_attrs[PROBES]
     assert [(p["kind"], p["status"]) for p in probes] == [("loader", "as_trial")]  # no probe process ran
     assert "the device-resident loader as a full trial, not probed" in study.user_attrs["time_split"]["probes_why"]
+    probe = next(d for d in study.user_attrs["plan"] if d["action"] == "probe")
+    assert "offers the device-resident loader: that variant runs as the next full trial" in probe["reason"]
     assert attrs["throughput"] > 2 * trials[0].user_attrs["throughput"]
 
     study = study_of("train_augmented", "refused", 3, workers=1)

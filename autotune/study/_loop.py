@@ -204,6 +204,8 @@ class TrialLoop:
                        race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
                        probed=lambda best: best.number in self._probed or (
                            self.probes is not None and self.probes.probed(best.config)),
+                       device_next=lambda best: self.probes is not None
+                       and self.probes.device_variant(best.config) is not None,
                        references_done=repeats, reference_repeats=repeats,  # the loop starts after them
                        decisive=lambda trial: sum(self._decisive(trial) or ()) or None)
 

@@ -84,6 +84,8 @@ class StudyView:
         step_levers: Whether the space moves knobs of the step (not only the loader's).
         probes: Whether the loop may probe (``--no-probes`` and trainers without ``ctx.loader`` may not).
         probed: Whether ``best``'s loader variants were probed already.
+        device_next: Whether the space offers ``best`` the device-resident loader, untried: its probe round
+            then runs it as the next full trial instead (``LoaderProbes.device_trial``).
         waiting: Trials queued (WAITING): one that the probes enqueued runs before anything else.
         retries: Of those, retries of trials whose worker died: each holds the place its trial took in the
             trial budget, so it runs even where the budget reads spent.
@@ -107,6 +109,7 @@ class StudyView:
     step_levers: bool = True
     probes: bool = True
     probed: bool = False
+    device_next: bool = False
     waiting: int = 0
     retries: int = 0
     finished: int = 0
@@ -185,6 +188,10 @@ def next_action(view: StudyView) -> Decision:
                                    "loader is not ctx.loader's, so no probe can isolate it: the walk moves the "
                                    "loader knobs by full trials")
         who = "the reference" if view.best_is_reference else f"trial #{best.get('number')}, the best so far,"
+        if view.device_next:
+            return Decision(PROBE, f"{who} waits {best['data_wait_fraction']:.0%} on its input and the space "
+                                   "offers the device-resident loader: that variant runs as the next full trial, "
+                                   "bounded by the step, not probed (its rate is far above any step's)")
         return Decision(PROBE, f"{who} waits {best['data_wait_fraction']:.0%} on its input: its step is faster "
                                "than its loader, so its loader variants are probed apart")
     if best is not None and _input_bound(best) and not view.probes:
@@ -195,6 +202,7 @@ def next_action(view: StudyView) -> Decision:
 
 def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, clock: StudyClock, race: float = 0.0,
             probes: bool = True, probed: Callable[[Any], bool] = lambda record: False,
+            device_next: Callable[[Any], bool] = lambda record: False,
             references_done: int = 2, reference_repeats: int = 2,
             decisive: Callable[[Any], Optional[float]] = lambda trial: None) -> StudyView:
     """The planner's view of an Optuna study (a running one, or one recorded earlier).
@@ -204,6 +212,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         clock: The study's clock (its budget and what is left of it).
         race: Seconds the race of the finalists is predicted to need.
         probed: Whether the probes of a ``TrialRecord`` (the incumbent) ran already.
+        device_next: Whether the incumbent's device-resident-loader variant is offered and untried.
         decisive: A queued trial's ``StudyView.decisive_seconds`` (None where it is no decisive pick).
     """
     trials = study.get_trials(deepcopy=False)
@@ -218,7 +227,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
     return StudyView(
         references_done=references_done, reference_repeats=reference_repeats, full_trials=len(full), best=attrs,
         best_is_reference=attrs is not None and attrs.get("role") == "reference", step_levers=step_levers(knobs),
-        probes=probes, probed=best is not None and probed(best),
+        probes=probes, probed=best is not None and probed(best), device_next=best is not None and device_next(best),
         waiting=len(waiting), retries=retries,
         finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))) + retries, n_trials=n_trials,
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,

@@ -285,8 +285,7 @@ class LoaderProbes:
         ran, else the incumbent's ``step_ceiling``; a prediction from the ceiling is a bound
         (``CEILING_BASIS``), which the correction of later predictions does not read."""
         done = self._done()
-        device = next((v for v in loader_variants(self.space, incumbent) if v.loader == "device"
-                       and f"loader:{_key(v)}" not in done and not self._tried(v)), None)
+        device = self.device_variant(incumbent)
         known = (done.get(f"step:{_key(incumbent)}") or {}).get("rate")
         bound = known or step_ceiling(incumbent_rate, incumbent_wait)
         if device is None or not bound:
@@ -305,6 +304,13 @@ class LoaderProbes:
         ui.say(f"  probes: the device-resident loader serves each batch from device memory, so the input stops "
                f"binding: its full trial is next, not a probe of it (bounded by {step})")
         return device
+
+    def device_variant(self, incumbent: TrialConfig) -> Optional[TrialConfig]:
+        """The incumbent with the device-resident loader, where the space offers it and no trial or probe
+        has tried it; else None."""
+        done = self._done()
+        return next((v for v in loader_variants(self.space, incumbent) if v.loader == "device"
+                     and f"loader:{_key(v)}" not in done and not self._tried(v)), None)
 
     def run(self, incumbent: TrialConfig, incumbent_rate: float, ui: _Progress, *, keep: float = 0.0,
             incumbent_wait: Optional[float] = None) -> Optional[TrialConfig]:
