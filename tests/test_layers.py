@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
 
 # Bottom to top. A module may import its own layer and the layers below it.
 LAYERS = (
-    ("records", ("autotune._config", "autotune._errors", "autotune._target", "autotune._records")),
+    ("records", ("autotune._config", "autotune._errors", "autotune._files", "autotune._target", "autotune._records")),
     ("hardware", ("autotune.hardware",)),
     ("trial", ("autotune.trial",)),
     ("search", ("autotune.search",)),

@@ -23,7 +23,7 @@ from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
-from autotune.study._budget import MIN_RUN_S, StudyClock
+from autotune.study._budget import StudyClock
 from autotune.study._confirm import OUT_OF_REACH, one_round_seconds, race_seconds
 from autotune.study._planner import (BASELINE_SPEED, FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView,
                                      first_faster, next_action, over_budget_reason, view_of)

@@ -6,14 +6,13 @@ import dataclasses
 import datetime
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import optuna
 
 from autotune._config import ALLOC_CONF_ENV, EXPANDABLE_SEGMENTS, Result, TrialConfig, dumps
+from autotune._files import write_atomic
 from autotune._records import CONFIRMATION, study_dir
 from autotune.insight._report import energy_record
 
@@ -245,20 +244,12 @@ def write_best_config(study: optuna.Study, result: Result, studies_dir: Path, *,
     """Write ``studies/<study>/best_config.json`` atomically (``unconfirmed``: see ``best_config_document``)."""
     path = study_dir(study.study_name, studies_dir) / "best_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary file of its own: two writers (workers finishing together) must not share one name.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".best_config.", suffix=".tmp")
+    text = dumps(best_config_document(study, result, unconfirmed, written=_now())) + "\n"
     try:
-        os.fchmod(fd, 0o644)  # as a plain write would leave it, not mkstemp's 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(best_config_document(study, result, unconfirmed, written=_now())) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, text)  # two writers (workers finishing together) never share a temporary file
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
         if exc.filename is None:  # a write on a full disk names no file: name it, so the one line does
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
     return path
 

@@ -16,12 +16,12 @@ import datetime
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from autotune import hardware as _hardware
 from autotune._config import Budget
+from autotune._files import write_atomic
 from autotune._target import local_modules, target_digest, target_file
 
 FOLDER = ".references"
@@ -86,12 +86,5 @@ def store_references(studies_dir: Any, key: str, reference: dict[str, Any], *, s
     path.parent.mkdir(parents=True, exist_ok=True)
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record = {"version": VERSION, "study": study, "created": created, "reference": reference}
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(record, out)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(record))
     return path

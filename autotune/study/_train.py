@@ -22,7 +22,6 @@ import os
 import contextlib
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any, Callable, Optional, Union
 
 from autotune._config import TrialConfig, dumps
 from autotune._errors import AutotuneError, KnobError, StudyError, WorkloadError
+from autotune._files import write_atomic
 from autotune._records import DEFAULT_STUDIES_DIR, study_dir
 from autotune._target import load_target, target_of
 from autotune.study._verdict import ReferenceBand, fingerprints, judge
@@ -624,15 +624,7 @@ def _now() -> str:
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".train.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(_finite(doc)) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, dumps(_finite(doc)) + "\n")
 
 
 def _finite(value: Any) -> Any:
@@ -779,6 +771,4 @@ def _child_main(text: str) -> int:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_finite(data)), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(_finite(data)))

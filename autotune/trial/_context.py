@@ -6,7 +6,6 @@ import contextlib
 import json
 import itertools
 import math
-import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ import torch
 from autotune.trial import _copies, _distributed, _float8, _images, _knobs, _phase, _regions, _resident
 from autotune._config import SLOW_VARIANT_SHARE, Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
+from autotune._files import write_atomic
 from autotune.trial._compile_cache import compile_cache_record
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
 from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
@@ -385,11 +385,8 @@ class TrialContext:
         if self._partial_path is None:
             return
         data = {"rates": [first[0], *rates], "errors": [None, *errors], "windows": [first[1], *windows]}
-        tmp = self._partial_path + ".tmp"
         try:
-            with open(tmp, "w") as handle:
-                json.dump(data, handle)
-            os.replace(tmp, self._partial_path)
+            write_atomic(self._partial_path, json.dumps(data))
         except OSError:
             pass  # a full disk costs the partial record only; the result is written apart
 

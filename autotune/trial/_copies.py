@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from autotune._errors import AutotuneError
+from autotune._files import write_atomic
 
 COPY_ENV = "AUTOTUNE_COPY"  # this copy's index, 0 .. N-1
 COPIES_ENV = "AUTOTUNE_COPIES"  # N
@@ -53,9 +54,7 @@ class CopySync:
             return 0
 
     def _write(self, name: str, data: dict) -> None:
-        tmp = self.folder / f".{name}.tmp"
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.folder / name)  # atomic: a mark is complete when it is seen
+        write_atomic(self.folder / name, json.dumps(data))  # a mark is complete when it is seen
 
     def arrive(self) -> float:
         """The start barrier: mark this copy ready and wait for every copy; returns the seconds waited.

@@ -18,6 +18,7 @@ from typing import Optional
 
 from autotune._config import Budget, TrialConfig, TrialOutcome
 from autotune._errors import WorkloadError
+from autotune._files import write_atomic
 from autotune._target import load_target
 
 OOM_PATTERNS = (
@@ -304,11 +305,8 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         sys.stderr.flush()
     except OSError:
         pass  # a full disk: the log loses its tail, the result below says whether the trial is lost too
-    tmp = result_path + ".tmp"
     try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, result_path)
+        write_atomic(result_path, text)
     except OSError as exc:
         try:
             print(f"autotune trial: cannot write its result {result_path}: {exc}", file=sys.stderr, flush=True)

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 from typing import Iterator, Optional
+
+from autotune._files import write_atomic
 
 
 class CompileClock:
@@ -58,10 +59,7 @@ class CompileClock:
                 self._write()
 
     def _write(self) -> None:
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"mode": self.mode, "seconds": self.seconds, "since": self.since}, fh)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps({"mode": self.mode, "seconds": self.seconds, "since": self.since}))
 
 
 _CLOCK: Optional[CompileClock] = None
