@@ -18,10 +18,9 @@ from autotune._config import SLOW_VARIANT_SHARE  # the trial layer measures by i
 
 T = TypeVar("T")
 
-__all__ = ["AS_TRIAL", "INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE", "WORTH",
-           "best_predicted",
-           "correction_of", "loader_moves", "nearest_first", "predict", "prediction_error_summary",
-           "step_ceiling"]
+__all__ = ["AS_TRIAL", "INPUT_BOUND", "LOADER_KNOBS", "MAX_LOADER_PROBES", "PredictionError", "SLOW_VARIANT_SHARE",
+           "WORTH", "best_predicted", "correction_of", "loader_moves", "nearest_first", "predict",
+           "prediction_error_summary", "step_ceiling"]
 
 # When the loop probes, shared with the replay so that ``simulate`` measures what a study does.
 INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input above which the loader is probed
