@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -178,3 +179,36 @@ def load_target(target: str) -> Callable[..., Any]:
     if not callable(fn):
         raise WorkloadError(f"{target}: {module_part} has no function {func_name!r}")
     return fn
+
+
+def import_failure(target: str, exc: BaseException) -> str:
+    """One line saying what importing ``target`` raised, and the line of the user's file it came from."""
+    if isinstance(exc, SystemExit):
+        return f"{target}: importing it called sys.exit({exc.code!r}); guard the script part with " \
+               "if __name__ == '__main__':"
+    where = ""
+    own = target_file(target)
+    folder = own.resolve().parent if own is not None else None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename)
+        # The innermost frame in the user's own files, not in a library they call or in importlib.
+        if folder is not None and path.is_file() and folder in path.resolve().parents and "site-packages" \
+                not in path.parts:
+            where = f" ({path.name}, line {frame.lineno})"
+            break
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{target}: importing it raised {type(exc).__name__}: {message}{where}"
+
+
+def load_target_or_say_why(target: str) -> Callable[..., Any]:
+    """``load_target``, where anything the user's module raises at import becomes one ``WorkloadError`` line.
+
+    Raises:
+        WorkloadError: the file, module or function is missing, or importing it raised.
+    """
+    try:
+        return load_target(target)
+    except WorkloadError:
+        raise
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module, whatever it raised
+        raise WorkloadError(import_failure(target, exc)) from None

@@ -402,6 +402,24 @@ def test_bad_files_modules_and_ports_are_one_line(tmp_path):
         _one_line_error(proc, f"cannot listen on 127.0.0.1:{port}")
 
 
+
+def test_a_script_that_fails_at_import_is_one_line_naming_its_file_and_line_in_tune_and_train(tmp_path):
+    (tmp_path / "helper.py").write_text("import torch\n\nSIZE = torch.ones(2)[5]\n")
+    (tmp_path / "script.py").write_text("import helper\n\n\ndef train(ctx):\n    pass\n")
+    storage = f"sqlite:///{tmp_path / 'a.db'}"
+    said = "script.py:train: importing it raised IndexError: index 5 is out of bounds"
+    cases = [
+        (_cmd("tune", f"{tmp_path / 'script.py'}:train", "--storage", storage), said),
+        (_cmd("train", f"{tmp_path / 'script.py'}:train", "--steps", "1", "--studies-dir", str(tmp_path)), said),
+        (_cmd("train", f"{MODULES / 'exits_at_import.py'}:train", "--steps", "1", "--studies-dir", str(tmp_path)),
+         "called sys.exit(0)"),
+    ]
+    for command, expected in cases:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        _one_line_error(proc, expected)
+        # The innermost line of the user's own files, not torch's nor importlib's.
+        assert expected != said or proc.stderr.strip().endswith("(helper.py, line 3)"), proc.stderr
+
 def test_a_module_that_prints_at_import_without_a_newline_still_tunes(tmp_path):
     proc = _tune(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", target=f"{MODULES / 'prints_at_import.py'}:train", trials=1)
     assert proc.returncode == 0, proc.stderr

@@ -69,6 +69,22 @@ def test_the_run_takes_its_length_in_optimizer_steps_and_the_cosine_schedule_end
     assert written["runs"]["pick"]["steps_done"] == steps and written["promise"]["promised"] == 600.0
 
 
+
+def test_with_no_study_nor_config_the_run_trains_the_script_as_written_at_its_own_batch(tmp_path: Path) -> None:
+    result = autotune.train(f"{TRAIN_WORKLOADS}:train_at_batch_24", epochs=2, out=tmp_path, progress=False,
+                            say=lambda _: None)
+    run = result.runs["baseline"]
+    assert run.status == "ok", run.error
+    first_batch, taken, last_lr = [m["value"] for m in run.metrics]
+    assert first_batch == 24 and run.config.global_batch_size == 24  # not the default config's 64
+    assert taken == run.steps_done == 20 and run.samples == 480  # 2 epochs of 240 samples, 10 steps each
+    assert last_lr == pytest.approx(0.0, abs=1e-12)  # the schedule spans the steps at the script's batch
+    # With a config, the config's batch is the one trained: the script's batch_size does not override it.
+    path = _config_file(tmp_path, ONE_THREAD.replace(batch_size=16))
+    run = autotune.train(f"{TRAIN_WORKLOADS}:train_at_batch_24", config=path, epochs=1, out=tmp_path, progress=False,
+                         say=lambda _: None).runs["pick"]
+    assert run.metrics[0]["value"] == 16 and run.steps_done == 15
+
 def test_minutes_without_a_measured_throughput_is_an_error_before_anything_trains(tmp_path: Path, capsys) -> None:
     from autotune.cli import main
 

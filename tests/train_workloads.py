@@ -50,6 +50,24 @@ def train_scheduled(ctx) -> None:
         ctx.report_metric(1000 * (epoch + 1) + seen_epoch)
 
 
+
+def train_at_batch_24(ctx) -> None:
+    """The script trains at batch_size=24 and a cosine schedule over ctx.optimizer_steps; reports the batch
+    of its first step, the steps taken and the last learning rate."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(CountingSGD, model.parameters(), lr=0.1)
+    loader = ctx.loader(dataset(240, seed=ctx.seed), batch_size=24)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=ctx.optimizer_steps)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss(), scheduler=scheduler)
+    first = None
+    for inputs, targets in ctx.batches(loader):
+        first = first or len(inputs)
+        step(inputs, targets)
+    ctx.report_metric(first)
+    ctx.report_metric(optimizer.taken)
+    ctx.report_metric(optimizer.param_groups[0]["lr"])
+
 def train_until_stopped(ctx) -> None:
     """Trains a long run; after 20 optimizer steps it sends itself SIGINT, as a Ctrl-C at the terminal does.
     After the loop it reports the steps taken, as a script's last evaluation would run."""

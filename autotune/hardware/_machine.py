@@ -475,17 +475,12 @@ def probe_answer(target: Optional[str]) -> dict[str, Any]:
         answer["install_error"] = mismatch
         return answer
     if target:
-        from autotune._target import load_target
+        from autotune._target import load_target_or_say_why
 
         try:
-            load_target(target)
+            load_target_or_say_why(target)
         except AutotuneError as exc:
             answer["target_error"] = str(exc)
-        except SystemExit as exc:  # the user's module called sys.exit() at import
-            answer["target_error"] = f"{target}: importing it called sys.exit({exc.code!r}); guard the script part " \
-                                     "with if __name__ == '__main__':"
-        except Exception as exc:  # the user's module failed at import: report it in one line
-            answer["target_error"] = f"{target}: importing it raised {type(exc).__name__}: {exc}".splitlines()[0]
     return answer
 
 

@@ -32,7 +32,7 @@ from autotune._config import TrialConfig, dumps
 from autotune._errors import AutotuneError, KnobError, StudyError, WorkloadError
 from autotune._files import write_atomic
 from autotune._records import DEFAULT_STUDIES_DIR, study_dir
-from autotune._target import load_target, target_of
+from autotune._target import load_target_or_say_why, target_of
 from autotune.study._verdict import ReferenceBand, fingerprints, judge
 
 PROMISE_TOLERANCE = 0.05  # delivered within +-5% of the study's throughput keeps its promise
@@ -205,13 +205,16 @@ def _check_runnable(config: TrialConfig) -> None:
 def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label: str = "pick", seed: int = 0,
              baseline_batch_size: Optional[int] = None, metric_direction: str = "maximize",
              progress: Optional[Callable[[Any], None]] = None, on_start: Optional[Callable[[Any], None]] = None,
-             checkpoint: Optional[Callable[["TrainRun"], None]] = None, nvml: Any = None) -> TrainRun:
+             checkpoint: Optional[Callable[["TrainRun"], None]] = None, nvml: Any = None,
+             adopt_script_batch: bool = False) -> TrainRun:
     """Train ``fn`` once in this process with ``config`` for ``length`` (a ``RunLength``).
 
     A Ctrl-C (SIGINT) or SIGTERM stops the run at its next optimizer step; a second one interrupts at once.
     Either way the run's measurement is returned. ``on_start`` gets the ``RealRun`` before ``fn`` starts
     (its stop flag); ``checkpoint`` gets the run as measured so far at every epoch's end. ``nvml`` stands in
     for ``pynvml`` (``autotune.testing.FakeNvml``): the energy counter is read through it, on a CPU too.
+    ``adopt_script_batch``: the run trains at the ``batch_size`` the script passes to ``ctx.loader`` (the
+    baseline with no study: the script as it is written).
     """
     import torch
 
@@ -231,7 +234,7 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
     if on_start is not None:
         on_start(run)
     if checkpoint is not None:
-        run.hooks.append(lambda _epoch: checkpoint(_measured(run, ctx, label, config, length, "running",
+        run.hooks.append(lambda _epoch: checkpoint(_measured(run, ctx, label, length, "running",
                                                              None, started, energy, in_progress=True)))
     if energy is not None:
         energy.start()
@@ -239,7 +242,7 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
         torch.manual_seed(seed)
         with _knobs.applied(config, device):
             ctx = TrialContext(config=config, seed=seed, baseline_batch_size=baseline_batch_size, device=device,
-                               run=run)
+                               run=run, adopt_script_batch=adopt_script_batch)
             returned = fn(ctx)
             if isinstance(returned, (int, float)) and not isinstance(returned, bool) and ctx.metric is None:
                 ctx.report_metric(returned)
@@ -256,10 +259,10 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
         energy.stop()
     if status == "ok" and run.interrupted:
         status = "interrupted"
-    return _measured(run, ctx, label, config, length, status, error, started, energy)
+    return _measured(run, ctx, label, length, status, error, started, energy)
 
 
-def _measured(run: Any, ctx: Any, label: str, config: TrialConfig, length: Any, status: str, error: Optional[str],
+def _measured(run: Any, ctx: Any, label: str, length: Any, status: str, error: Optional[str],
               started: float, energy: Any, *, in_progress: bool = False) -> TrainRun:
     spread = run.spread()
     try:
@@ -276,7 +279,7 @@ def _measured(run: Any, ctx: Any, label: str, config: TrialConfig, length: Any, 
     wall = time.perf_counter() - started
     extras = {k: v for k, v in (ctx.extras.items() if ctx is not None else ()) if k.startswith("pairing.")}
     return TrainRun(
-        label=label, config=config, length=length.to_dict(), status=status, error=error, optimizer_steps=planned,
+        label=label, config=run.config, length=length.to_dict(), status=status, error=error, optimizer_steps=planned,
         steps_done=run.micro // run.accumulation, samples=run.samples, epochs_done=run.epoch,
         seconds=round(run.seconds, 4), wall_seconds=round(wall, 4), hook_seconds=round(run.hook_seconds, 4),
         throughput=run.throughput, throughput_low=spread[0] if spread else None,
@@ -513,7 +516,7 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
     path = folder / RESULT_FILE
     target = train_fn if isinstance(train_fn, str) else None
     # A comparison's runs import the target in their own processes: this one stays free of torch.
-    fn = train_fn if not isinstance(train_fn, str) else None if compare else load_target(train_fn)
+    fn = train_fn if not isinstance(train_fn, str) else None if compare else load_target_or_say_why(train_fn)
     runs: dict[str, TrainRun] = {}
     doc: dict[str, Any] = {"study": plan.study, "source": plan.source, "length": length.to_dict(),
                            "requested": {"epochs": epochs, "steps": steps, "minutes": minutes}, "seed": seed,
@@ -532,7 +535,8 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         with _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
             result = run_once(fn, plan.config, length, label=label, seed=seed,
                               baseline_batch_size=plan.baseline.global_batch_size, metric_direction=metric_direction,
-                              progress=line, on_start=lambda r: stopper.__setitem__("run", r), checkpoint=save)
+                              progress=line, on_start=lambda r: stopper.__setitem__("run", r), checkpoint=save,
+                              adopt_script_batch=config is None and study is None)
         line.done()
         runs[label] = result
         interrupted = result.status == "interrupted"
@@ -757,7 +761,7 @@ def _child_main(text: str) -> int:
     line = _ProgressLine(spec["label"], spec["progress"])
     stopper: dict[str, Any] = {}
     try:
-        fn = load_target(spec["target"])
+        fn = load_target_or_say_why(spec["target"])
         with _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
             run = run_once(fn, config, length, label=spec["label"], seed=spec["seed"],
                            baseline_batch_size=spec["baseline_batch_size"], metric_direction=spec["metric_direction"],

@@ -72,9 +72,10 @@ class TrialContext:
         device: Defaults to CUDA when available.
         prune_below: Stop the trial after its first timed window when that window's throughput is below
             this (samples/s); set by the tuner from the best trial so far.
-        adopt_script_batch: A study's first reference run: a ``batch_size`` the script passes to
-            ``ctx.loader`` becomes this run's batch, when nothing the script read yet depended on the batch,
-            so the reference need not run again at it (``extras["batch_adopted"]``).
+        adopt_script_batch: A study's first reference run, or a real run of the baseline with no study: a
+            ``batch_size`` the script passes to ``ctx.loader`` becomes this run's batch, when nothing the
+            script read yet depended on the batch, so the reference need not run again at it
+            (``extras["batch_adopted"]``).
         run: A real run's length and clock (``autotune.trial._run.RealRun``), under ``autotune train``.
     """
 
@@ -304,17 +305,22 @@ class TrialContext:
         config differs and nothing read so far depends on the batch (a length, a step clock, a loss buffer
         too small for the steps at the smaller batch); else the study runs the reference again at it."""
         cfg = self.config
-        if not self.adopt_script_batch or self.budget is None or script_batch <= 0:
+        if not self.adopt_script_batch or (self.budget is None and self.run is None) or script_batch <= 0:
             return
         adopted = cfg.replace(batch_size=script_batch, global_batch=None)
         if adopted.global_batch_size == cfg.global_batch_size or self._length_read or cfg.accumulation_steps != 1:
             return
-        steps = self.budget.samples // adopted.global_batch_size + LOSS_SLACK
-        if not all(step.ensure_loss_capacity(steps) for step in self._train_steps):
+        if self.run is not None and self.run.total_micro is not None:
             return
+        if self.budget is not None:
+            steps = self.budget.samples // adopted.global_batch_size + LOSS_SLACK
+            if not all(step.ensure_loss_capacity(steps) for step in self._train_steps):
+                return
         if self.baseline_batch_size == cfg.global_batch_size:
             self.baseline_batch_size = adopted.global_batch_size  # the reference is the baseline: lr_scale stays 1
         self.config = adopted
+        if self.run is not None:
+            self.run.config = adopted
         self.extras["batch_adopted"] = adopted.global_batch_size
 
     def _deadline(self) -> Optional[float]:

@@ -3,8 +3,9 @@
     python -m benchmarks.runners.answer_first_h200 OUT_DIR RUN [RUN ...] [--studies DIR]
 
 A RUN is ``WORKLOAD:MINUTES[:STUDY]``; WORKLOAD is ``convnext`` (``benchmarks/workloads/zoo_convnext.py``,
-torchvision ConvNeXt-Tiny) or ``vit`` (``benchmarks/workloads/zoo_vit.py``, timm ViT-B/32), both with CPU
-augmentation in the Dataset, tuned over ``gpu_default`` as a new user would (``autotune tune FILE:train
+torchvision ConvNeXt-Tiny), ``vit`` (``benchmarks/workloads/zoo_vit.py``, timm ViT-B/32), ``effnet``
+(``zoo_effnet.py``, torchvision EfficientNet-B0), all with CPU augmentation in the Dataset, or ``bert``
+(``zoo_bert.py``, a transformers BERT-base classifier on token sequences masked in the Dataset), tuned over ``gpu_default`` as a new user would (``autotune tune FILE:train
 --budget MINUTES``). Every run of one workload shares one studies folder, so a second study of it finds the
 first's fp32 references (``--studies``: where those folders go, default OUT_DIR; the study database is
 copied to ``OUT_DIR/<workload>.db`` after each run). Each run is timed from outside and writes ``OUT_DIR/<study>.json``: the command,
@@ -27,7 +28,7 @@ from typing import Any
 from benchmarks.runners.budget_h200 import trials
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = {"convnext": "benchmarks/workloads/zoo_convnext.py:train", "vit": "benchmarks/workloads/zoo_vit.py:train"}
+TARGETS = {name: f"benchmarks/workloads/zoo_{name}.py:train" for name in ("convnext", "vit", "effnet", "bert")}
 
 
 def study_attrs(db: Path, study: str, keys: tuple[str, ...]) -> dict[str, Any]:
