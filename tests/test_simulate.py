@@ -105,6 +105,34 @@ def test_a_table_from_elsewhere_loads_without_statuses_and_with_its_own_words_fo
         ReplayTable.load(path)
 
 
+
+def test_flat_rows_and_optunas_trials_dataframe_load_as_the_same_table(tmp_path):
+    """A row with no params object names its config with its own fields; Optuna's ``trials_dataframe()``
+    exported as JSON Lines names it ``params_*``, its throughput ``value``, its status ``state`` or the
+    study's ``user_attrs_status``, and the diagnosis ``user_attrs_*``."""
+    configs = [({"precision": "fp32", "batch_size": 64}, "ok", 100.0, 0.5), ({"precision": "bf16", "batch_size": 64},
+               "ok", 300.0, 0.1), ({"precision": "bf16", "batch_size": 128}, "oom", None, None),
+               ({"precision": "fp32", "batch_size": 128}, "error", None, None)]
+    params_rows = [{"params": c, "status": st, "throughput": v, "data_wait_fraction": w} for c, st, v, w in configs]
+    flat_rows = [{**c, "status": st, "throughput": v, "data_wait_fraction": w, "step_ms": 3.1, "error": None}
+                 for c, st, v, w in configs]
+    optuna_rows = [{"number": i, "value": v if st == "ok" else None, "datetime_start": "2026-12-06 13:00:00",
+                    **{f"params_{k}": x for k, x in c.items()}, "user_attrs_data_wait_fraction": w,
+                    "user_attrs_status": st if st != "ok" else None,
+                    "state": {"ok": "COMPLETE", "oom": "PRUNED", "error": "FAIL"}[st]}
+                   for i, (c, st, v, w) in enumerate(configs)]
+    tables = []
+    for name, rows in (("params", params_rows), ("flat", flat_rows), ("optuna", optuna_rows)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tables.append(ReplayTable.load(path))
+    for t in tables:
+        assert t.names == ("precision", "batch_size") and t.values == tables[0].values
+        assert [t.lookup(c) for c, *_ in configs] == [tables[0].lookup(c) for c, *_ in configs]
+        assert t.best().params == {"precision": "bf16", "batch_size": 64}
+        assert t.lookup({"precision": "bf16", "batch_size": 64}).data_wait_fraction == 0.1
+        assert t.lookup({"precision": "bf16", "batch_size": 128}).status == "oom"
+
 def test_guided_reaches_the_best_and_never_runs_a_ruled_out_config(table):
     run = replay(ReplayTable.load(table), "guided", trials=10, seed=0, noise=0.02)
     assert run.trials_to_95 == 1  # the prior point is the best here

@@ -50,7 +50,10 @@ STATUSES = ("ok", "oom", "error")
 # Other tables' words for the statuses: a run that failed reads as ``error``.
 STATUS_WORDS = {"failed": "error", "fail": "error", "failure": "error", "crashed": "error", "crash": "error",
                 "timeout": "error", "timed_out": "error", "infeasible": "error", "pruned": "error",
-                "out_of_memory": "oom", "out-of-memory": "oom", "success": "ok", "complete": "ok", "completed": "ok"}
+                "out_of_memory": "oom", "out-of-memory": "oom", "success": "ok", "complete": "ok", "completed": "ok",
+                # this project's own trial statuses, as an exported study records them
+                "nan": "error", "compile_timeout": "error", "interrupted": "error", "over_budget": "error",
+                "not_run": "error", "infra": "error"}
 # The fields of a row that diagnose its bottleneck rather than measure it: ``without_diagnosis`` drops them.
 DIAGNOSIS_FIELDS = ("data_wait_fraction", "loader_rate", "step_rate")
 # A loader variant that stops after its first timed window pays this share of its samples: one of a default
@@ -203,22 +206,54 @@ class ReplayTable:
         return statistics.median(bases) if bases else 0.0
 
 
+# The fields of a row that measure its config (``TableRow``'s and the evidence tables keep beside them), and
+# the bookkeeping of Optuna's ``trials_dataframe()``: in a row with no ``params`` object, every other field
+# is a knob.
+MEASUREMENT_FIELDS = frozenset({
+    "status", "state", "throughput", "value", "error", "peak_memory_gib", "accuracy_loss", "trial_seconds",
+    "compile_seconds", "data_wait_fraction", "loader_rate", "step_rate", "window_throughputs", "step_ms",
+    "warmup_s", "compile_s", "scaler_skips", "sm_clock_mhz", "power_w", "seconds", "number", "datetime_start",
+    "datetime_complete", "duration", "values", "metric",
+})
+OPTUNA_PREFIXES = ("params_", "user_attrs_", "system_attrs_", "constraints")
+
+
+def _params_of(data: dict[str, Any]) -> Any:
+    """A row's config: its ``params`` (or ``config``) object; else the ``params_*`` columns of Optuna's
+    ``trials_dataframe()``; else every field that is not a measurement (a flat row)."""
+    if "params" in data or "config" in data:
+        return data["params"] if "params" in data else data["config"]
+    prefixed = {k[len("params_"):]: v for k, v in data.items() if k.startswith("params_")}
+    if prefixed:
+        return prefixed
+    return {k: v for k, v in data.items() if k not in MEASUREMENT_FIELDS and not k.startswith(OPTUNA_PREFIXES)}
+
+
+def _field(data: dict[str, Any], name: str) -> Any:
+    """A measurement field, or as Optuna's ``trials_dataframe()`` names a trial's user attribute."""
+    value = data.get(name)
+    return value if value is not None else data.get(f"user_attrs_{name}")
+
+
 def _parse_row(data: Any) -> TableRow:
     if not isinstance(data, dict):
         raise ValueError("a row is a JSON object")
-    params = data["params"] if "params" in data or "config" not in data else data["config"]
+    params = _params_of(data)
     if not isinstance(params, dict) or not params:
-        raise ValueError("'params' must be a non-empty object")
-    throughput = data.get("throughput")
+        raise ValueError("'params' must be a non-empty object (or the row's own fields name the config)")
+    # Optuna's objective value where the row records no throughput: a study's value is its throughput.
+    throughput = _field(data, "throughput")
+    throughput = throughput if throughput is not None else data.get("value")
     measured = isinstance(throughput, (int, float)) and not isinstance(throughput, bool) and throughput > 0
-    status = _status(data.get("status"), measured)
+    status = _field(data, "status")
+    status = _status(status if status is not None else data.get("state"), measured)
     if status == "ok" and not measured:
         raise ValueError("an 'ok' row needs a positive throughput")
     if status != "ok":
         throughput = None  # a failed run's partial rate (some tables keep one) is no measurement of the config
     seconds = {}
     for name in ("trial_seconds", "compile_seconds", "data_wait_fraction", "loader_rate", "step_rate"):
-        value = data.get(name)
+        value = _field(data, name)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be a number >= 0")
         if name == "data_wait_fraction" and value is not None and value > 1:
@@ -228,8 +263,8 @@ def _parse_row(data: Any) -> TableRow:
         params=params,
         status=status,
         throughput=float(throughput) if throughput is not None else None,
-        peak_memory_gib=data.get("peak_memory_gib"),
-        accuracy_loss=data.get("accuracy_loss"),
+        peak_memory_gib=_field(data, "peak_memory_gib"),
+        accuracy_loss=_field(data, "accuracy_loss"),
         **seconds,
     )
 
