@@ -410,7 +410,8 @@ def test_a_script_that_fails_at_import_is_one_line_naming_its_file_and_line_in_t
     said = "script.py:train: importing it raised IndexError: index 5 is out of bounds"
     cases = [
         (_cmd("tune", f"{tmp_path / 'script.py'}:train", "--storage", storage), said),
-        (_cmd("train", f"{tmp_path / 'script.py'}:train", "--steps", "1", "--studies-dir", str(tmp_path)), said),
+        (_cmd("train", f"{tmp_path / 'script.py'}:train", "--steps", "1", "--studies-dir", str(tmp_path)),
+         said),
         (_cmd("train", f"{MODULES / 'exits_at_import.py'}:train", "--steps", "1", "--studies-dir", str(tmp_path)),
          "called sys.exit(0)"),
     ]

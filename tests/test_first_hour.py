@@ -24,7 +24,8 @@ def _tuner(tmp_path: Path, caps, write_space, **options) -> Tuner:
                     studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=caps,
                     reference_repeats=1, trial_timeout=120, top_k=0, prune_below=None)
     settings.update(options)
-    return Tuner(f"{WORKLOADS}:train_plain_script", **settings)
+    target = settings.pop("target", f"{WORKLOADS}:train_plain_script")
+    return Tuner(target, **settings)
 
 
 def _check_schedules(study: optuna.Study) -> None:
@@ -55,6 +56,25 @@ def test_the_scripts_batch_is_the_baseline_and_its_schedule_ends_where_it_should
     again = _tuner(tmp_path, cpu_caps, write_space, n_trials=4).run()
     assert again.baseline.global_batch_size == 256
 
+
+
+def test_the_scripts_own_dataloader_is_the_baseline_and_its_references_run_once(tmp_path, cpu_caps,
+                                                                                write_space) -> None:
+    # The script loads with one persistent worker: a speed-up is over that, not over the space's 0 workers.
+    # The references ran before the script's DataLoader was seen; a loader changes no step, so they stand,
+    # and the baseline's own speed is timed apart.
+    result = _tuner(tmp_path, cpu_caps, write_space, target=f"{WORKLOADS}:train_own_dataloader").run()
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    attrs = study.user_attrs
+    assert (result.baseline.num_workers, result.baseline.persistent_workers) == (1, True)
+    assert result.baseline.global_batch_size == 256
+    assert result.baseline_source.startswith("the script's DataLoader (num_workers=1,persistent_workers=true)")
+    # Run once, before the DataLoader was seen (on a CPU the references load as the baseline does: run again
+    # at it, they would have the worker).
+    assert attrs["reference_config"]["num_workers"] == 0
+    assert attrs["baseline_config"]["num_workers"] == 1 and attrs["baseline_speed"]["throughput"] > 0
+    assert attrs["baseline_throughput"] == attrs["baseline_speed"]["throughput"]
+    assert (tmp_path / "studies" / result.study_name / "logs" / "baseline-speed").is_dir()
 
 def test_a_stated_batch_size_is_the_baseline_before_the_reference(tmp_path, cpu_caps, write_space) -> None:
     result = _tuner(tmp_path, cpu_caps, write_space, batch_size=256, n_trials=2).run()

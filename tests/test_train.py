@@ -70,7 +70,7 @@ def test_the_run_takes_its_length_in_optimizer_steps_and_the_cosine_schedule_end
 
 
 
-def test_with_no_study_nor_config_the_run_trains_the_script_as_written_at_its_own_batch(tmp_path: Path) -> None:
+def test_with_no_study_nor_config_the_run_trains_the_script_as_written_its_batch_and_loader(tmp_path: Path) -> None:
     result = autotune.train(f"{TRAIN_WORKLOADS}:train_at_batch_24", epochs=2, out=tmp_path, progress=False,
                             say=lambda _: None)
     run = result.runs["baseline"]
@@ -84,6 +84,12 @@ def test_with_no_study_nor_config_the_run_trains_the_script_as_written_at_its_ow
     run = autotune.train(f"{TRAIN_WORKLOADS}:train_at_batch_24", config=path, epochs=1, out=tmp_path, progress=False,
                          say=lambda _: None).runs["pick"]
     assert run.metrics[0]["value"] == 16 and run.steps_done == 15
+    # The script's own DataLoader (one persistent worker) is the script as written: its workers come too.
+    run = autotune.train(f"{TRAIN_WORKLOADS}:train_own_dataloader", epochs=1, out=tmp_path, progress=False,
+                         say=lambda _: None).runs["baseline"]
+    assert run.status == "ok", run.error
+    assert (run.config.global_batch_size, run.config.num_workers, run.config.persistent_workers) == (24, 1, True)
+    assert run.metrics[0]["value"] == 1 and run.steps_done == 10  # the workers the loader it trained with had
 
 def test_minutes_without_a_measured_throughput_is_an_error_before_anything_trains(tmp_path: Path, capsys) -> None:
     from autotune.cli import main

@@ -68,6 +68,20 @@ def train_at_batch_24(ctx) -> None:
     ctx.report_metric(optimizer.taken)
     ctx.report_metric(optimizer.param_groups[0]["lr"])
 
+
+def train_own_dataloader(ctx) -> None:
+    """The script's own DataLoader, batch 24 and one persistent worker; reports the workers it loaded with."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(CountingSGD, model.parameters(), lr=0.1)
+    own = torch.utils.data.DataLoader(dataset(240, seed=ctx.seed), batch_size=24, shuffle=True, num_workers=1,
+                                      persistent_workers=True)
+    loader = ctx.loader(own)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(loader):
+        step(inputs, targets)
+    ctx.report_metric(loader.num_workers)
+
 def train_until_stopped(ctx) -> None:
     """Trains a long run; after 20 optimizer steps it sends itself SIGINT, as a Ctrl-C at the terminal does.
     After the loop it reports the steps taken, as a script's last evaluation would run."""

@@ -92,6 +92,20 @@ def train_plain_script(ctx) -> None:
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
 
 
+
+def train_own_dataloader(ctx) -> None:
+    """A script that passes its own DataLoader (batch 256, one persistent worker) to ctx.loader."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.1 * ctx.lr_scale)
+    own = torch.utils.data.DataLoader(dataset(2048, seed=ctx.seed), batch_size=256, shuffle=True, num_workers=1,
+                                      persistent_workers=True)
+    loader = ctx.loader(own)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    for inputs, targets in ctx.batches(loader):
+        step(inputs, targets)
+    ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
 def train_oom_at_256(ctx) -> None:
     """Like train_tiny, but batch 256 and up fail the way a too-large batch fails on a GPU."""
     if ctx.config.batch_size >= 256:

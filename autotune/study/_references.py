@@ -130,14 +130,8 @@ class References:
             measurements.append(outcome.measurement)
         metrics = [m.metric for m in measurements]
         band = ReferenceBand.of_measurements(measurements)  # the first seed's full trajectory, for pairing
-        baseline = self._own_loader(config)
-        pending = defer_speed and baseline != config
-        baseline, speed = (baseline, None) if pending else self._baseline_speed(config, ui)
         return {
-            "baseline_config": baseline.to_dict(),
-            **({"reference_config": config.to_dict(), "baseline_speed": speed} if speed else {}),
-            **({"reference_config": config.to_dict(), BASELINE_SPEED_PENDING: True} if pending else {}),
-            "baseline_throughput": speed["throughput"] if speed else measurements[0].throughput,
+            **self._baseline_of(config, measurements[0].throughput, ui, defer_speed=defer_speed),
             "reference_metric": metrics[0],
             "reference_metrics": metrics,
             "reference_throughputs": [m.throughput for m in measurements],
@@ -150,6 +144,33 @@ class References:
             TRIAL_BUDGET: trial_budget_record(self.runner.budget),
             "references_shortened": self._shortened(measurements[0].extras.get("shortened")),
         }
+
+    def _baseline_of(self, config: TrialConfig, reference_rate: float, ui: _Progress, *,
+                     defer_speed: bool) -> dict[str, Any]:
+        """The baseline the references at ``config`` ran for, and its speed: the references' own rate, or a
+        speed run of its own loader (``_baseline_speed``), now or (``defer_speed``) pending."""
+        baseline = self._own_loader(config)
+        pending = defer_speed and baseline != config
+        baseline, speed = (baseline, None) if pending else self._baseline_speed(config, ui)
+        return {
+            "baseline_config": baseline.to_dict(),
+            **({"reference_config": config.to_dict(), "baseline_speed": speed} if speed else {}),
+            **({"reference_config": config.to_dict(), BASELINE_SPEED_PENDING: True} if pending else {}),
+            "baseline_throughput": speed["throughput"] if speed else reference_rate,
+        }
+
+    def rebase(self, reference: dict[str, Any], ui: _Progress, *, defer_speed: bool = False) -> dict[str, Any]:
+        """``reference`` (a ``baseline()`` record) for the runner's baseline now, whose DataLoader knobs changed
+        after the references ran (the script's own loader): the references stand, since a loader changes no
+        step, and the baseline's own speed is timed apart (``_baseline_of``). Unchanged where the record's
+        baseline is already that one (references reused with their speed run)."""
+        config = TrialConfig.from_dict(reference.get("reference_config") or reference["baseline_config"])
+        if self._own_loader(config) == TrialConfig.from_dict(reference["baseline_config"]):
+            return reference
+        kept = {k: v for k, v in reference.items()
+                if k not in ("reference_config", "baseline_speed", BASELINE_SPEED_PENDING)}
+        rate = (reference.get("reference_throughputs") or [reference.get("baseline_throughput")])[0]
+        return {**kept, **self._baseline_of(config, rate, ui, defer_speed=defer_speed)}
 
     def _shortened(self, shortened: Any) -> Any:
         """The first seed's shortened length, with the budget that would have trained the full length."""

@@ -152,14 +152,17 @@ class Tuner:
         route states. The precision stays fp32 (the references are fp32), and the batch the space's: an
         adapter refuses a global batch other than its arguments' in one line naming ``--baseline``."""
         extras = (reference.get("reference_measurement") or {}).get("extras") or {}
-        declared = extras.get("script_baseline")
-        if not isinstance(declared, dict) or self._stated_baseline():
+        arguments, loader = extras.get("script_baseline"), extras.get("script_loader")
+        arguments = arguments if isinstance(arguments, dict) else {}
+        # The DataLoader the script passes to ctx.loader: what it loads with (an adapter's arguments win).
+        declared = {**(loader if isinstance(loader, dict) else {}), **arguments}
+        if not declared or self._stated_baseline():
             return None
         declared = {k: v for k, v in declared.items() if k not in ("precision", "batch_size")}
         differ = script_baseline_differences(declared, space.baseline)
         if not differ:
             return None
-        where = "the script's own arguments"
+        where = "the script's own arguments" if set(differ) & set(arguments) else "the script's DataLoader"
         try:
             adopted = space.with_baseline(differ, where=where)
         except SpaceError as exc:
@@ -168,7 +171,10 @@ class Tuner:
         self._script_knobs = differ
         self._baseline_source = f"{where} ({_space.format_baseline(differ)}), the other knobs from {self._baseline_source}"
         ran = TrialConfig.from_dict(reference["baseline_config"])  # reused references may have run at it already
-        return adopted, bool(script_baseline_differences(differ, ran))
+        # The DataLoader's knobs change no step of ctx.loader's seeded order: the references stand, and the
+        # baseline's speed is timed apart (References.rebase). An adapter's arguments run them again.
+        reruns = set(script_baseline_differences(differ, ran)) - (set(TORCH_LOADER_KNOBS) - set(arguments))
+        return adopted, bool(reruns)
 
     def _stored_script_baseline(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
         """A resumed study keeps the baseline its reference adopted from the script's own arguments."""
@@ -693,6 +699,8 @@ class Tuner:
                                            "before they run)")
                                     runner.budget = space.budget
                                     reference = references.baseline(ui, defer_speed=clock.budgeted)
+                                else:
+                                    reference = references.rebase(reference, ui, defer_speed=clock.budgeted)
                             self._store_references(space, caps, reference)
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.

@@ -75,7 +75,7 @@ class TrialContext:
         adopt_script_batch: A study's first reference run, or a real run of the baseline with no study: a
             ``batch_size`` the script passes to ``ctx.loader`` becomes this run's batch, when nothing the
             script read yet depended on the batch, so the reference need not run again at it
-            (``extras["batch_adopted"]``).
+            (``extras["batch_adopted"]``); in a real run, its DataLoader's workers and pinning too.
         run: A real run's length and clock (``autotune.trial._run.RealRun``), under ``autotune train``.
     """
 
@@ -249,6 +249,8 @@ class TrialContext:
         A ``batch_size`` the script passes (here, or its DataLoader's) is the batch it trains at: the trial
         still loads at the config's batch, and the reference run records it (``script_batch_size``) so the
         study adopts it as the baseline's global batch unless the space or ``--baseline`` says otherwise.
+        Likewise a DataLoader's workers, pinning, prefetching and persistence are what the script loads with
+        (``script_loader``): the study's baseline takes them, so a speed-up is over the script as written.
 
         The data order depends only on ``ctx.seed``, never on the batch size, so every trial sees the
         same samples in the same order. Incomplete last batches are dropped (static shapes). In a trial of
@@ -267,6 +269,11 @@ class TrialContext:
         cfg = self.config
         sampler = None
         if isinstance(dataset, torch.utils.data.DataLoader):
+            # What the script loads with as written: the study's baseline is the script, its loader included.
+            self.extras["script_loader"] = _loader_knobs_of(dataset, cuda=self.device.type == "cuda")
+            if self.run is not None and self.adopt_script_batch:  # a real run of the script as written
+                self.config = self.config.replace(**self.extras["script_loader"])
+                self.run.config = self.config
             dataset, shuffle, sampler, kept = _adopt_loader(dataset)
             kwargs = {**kept, **kwargs}
         script_batch = kwargs.pop("batch_size", None)
@@ -1090,6 +1097,19 @@ def _adopt_loader(loader: torch.utils.data.DataLoader) -> tuple[Any, bool, Any, 
     if loader.worker_init_fn is not None:
         kept["worker_init_fn"] = loader.worker_init_fn
     return loader.dataset, shuffle, sampler, kept
+
+
+def _loader_knobs_of(loader: torch.utils.data.DataLoader, *, cuda: bool) -> dict[str, Any]:
+    """The DataLoader knobs a script's own DataLoader sets (``TORCH_LOADER_KNOBS``): what its script loads with.
+    Pinning only on CUDA, where it does something; prefetching and persistence only with workers."""
+    knobs: dict[str, Any] = {"num_workers": int(loader.num_workers)}
+    if cuda:
+        knobs["pin_memory"] = bool(loader.pin_memory)
+    if loader.num_workers > 0:
+        knobs["persistent_workers"] = bool(loader.persistent_workers)
+        if loader.prefetch_factor is not None:
+            knobs["prefetch_factor"] = int(loader.prefetch_factor)
+    return knobs
 
 
 def _resumable_order(source: Any) -> Optional[DataOrder]:
