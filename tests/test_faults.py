@@ -421,6 +421,7 @@ def test_a_script_that_fails_at_import_is_one_line_naming_its_file_and_line_in_t
         # The innermost line of the user's own files, not torch's nor importlib's.
         assert expected != said or proc.stderr.strip().endswith("(helper.py, line 3)"), proc.stderr
 
+
 def test_a_module_that_prints_at_import_without_a_newline_still_tunes(tmp_path):
     proc = _tune(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", target=f"{MODULES / 'prints_at_import.py'}:train", trials=1)
     assert proc.returncode == 0, proc.stderr

@@ -76,6 +76,7 @@ def test_the_scripts_own_dataloader_is_the_baseline_and_its_references_run_once(
     assert attrs["baseline_throughput"] == attrs["baseline_speed"]["throughput"]
     assert (tmp_path / "studies" / result.study_name / "logs" / "baseline-speed").is_dir()
 
+
 def test_a_stated_batch_size_is_the_baseline_before_the_reference(tmp_path, cpu_caps, write_space) -> None:
     result = _tuner(tmp_path, cpu_caps, write_space, batch_size=256, n_trials=2).run()
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)

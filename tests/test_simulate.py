@@ -133,6 +133,7 @@ def test_flat_rows_and_optunas_trials_dataframe_load_as_the_same_table(tmp_path)
         assert t.lookup({"precision": "bf16", "batch_size": 64}).data_wait_fraction == 0.1
         assert t.lookup({"precision": "bf16", "batch_size": 128}).status == "oom"
 
+
 def test_guided_reaches_the_best_and_never_runs_a_ruled_out_config(table):
     run = replay(ReplayTable.load(table), "guided", trials=10, seed=0, noise=0.02)
     assert run.trials_to_95 == 1  # the prior point is the best here

@@ -91,6 +91,7 @@ def test_with_no_study_nor_config_the_run_trains_the_script_as_written_its_batch
     assert (run.config.global_batch_size, run.config.num_workers, run.config.persistent_workers) == (24, 1, True)
     assert run.metrics[0]["value"] == 1 and run.steps_done == 10  # the workers the loader it trained with had
 
+
 def test_minutes_without_a_measured_throughput_is_an_error_before_anything_trains(tmp_path: Path, capsys) -> None:
     from autotune.cli import main
 

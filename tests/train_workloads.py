@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workloads import dataset, tiny_model
+from workloads import dataset, own_dataloader_run, tiny_model
 
 TRAIN_WORKLOADS = str(Path(__file__).resolve())
 
@@ -71,16 +71,9 @@ def train_at_batch_24(ctx) -> None:
 
 def train_own_dataloader(ctx) -> None:
     """The script's own DataLoader, batch 24 and one persistent worker; reports the workers it loaded with."""
-    torch.manual_seed(ctx.seed)
-    model = ctx.model(tiny_model())
-    optimizer = ctx.optimizer(CountingSGD, model.parameters(), lr=0.1)
-    own = torch.utils.data.DataLoader(dataset(240, seed=ctx.seed), batch_size=24, shuffle=True, num_workers=1,
-                                      persistent_workers=True)
-    loader = ctx.loader(own)
-    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
-    for inputs, targets in ctx.batches(loader):
-        step(inputs, targets)
+    _, loader = own_dataloader_run(ctx, 240, 24)
     ctx.report_metric(loader.num_workers)
+
 
 def train_until_stopped(ctx) -> None:
     """Trains a long run; after 20 optimizer steps it sends itself SIGINT, as a Ctrl-C at the terminal does.

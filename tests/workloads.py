@@ -93,18 +93,26 @@ def train_plain_script(ctx) -> None:
 
 
 
-def train_own_dataloader(ctx) -> None:
-    """A script that passes its own DataLoader (batch 256, one persistent worker) to ctx.loader."""
+def own_dataloader_run(ctx, samples: int, batch: int):
+    """Trains through the script's own DataLoader (one persistent worker) handed to ctx.loader; the model and
+    the loader it trained with."""
     torch.manual_seed(ctx.seed)
     model = ctx.model(tiny_model())
     optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.1 * ctx.lr_scale)
-    own = torch.utils.data.DataLoader(dataset(2048, seed=ctx.seed), batch_size=256, shuffle=True, num_workers=1,
-                                      persistent_workers=True)
+    own = torch.utils.data.DataLoader(dataset(samples, seed=ctx.seed), batch_size=batch, shuffle=True,
+                                      num_workers=1, persistent_workers=True)
     loader = ctx.loader(own)
     step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
     for inputs, targets in ctx.batches(loader):
         step(inputs, targets)
+    return model, loader
+
+
+def train_own_dataloader(ctx) -> None:
+    """A script that passes its own DataLoader (batch 256, one persistent worker) to ctx.loader."""
+    model, _ = own_dataloader_run(ctx, 2048, 256)
     ctx.report_metric(accuracy(ctx, model, dataset(256, seed=10_000)))
+
 
 def train_oom_at_256(ctx) -> None:
     """Like train_tiny, but batch 256 and up fail the way a too-large batch fails on a GPU."""
