@@ -114,8 +114,9 @@ def test_flat_rows_and_optunas_trials_dataframe_load_as_the_same_table(tmp_path)
                "ok", 300.0, 0.1), ({"precision": "bf16", "batch_size": 128}, "oom", None, None),
                ({"precision": "fp32", "batch_size": 128}, "error", None, None)]
     params_rows = [{"params": c, "status": st, "throughput": v, "data_wait_fraction": w} for c, st, v, w in configs]
-    flat_rows = [{**c, "status": st, "throughput": v, "data_wait_fraction": w, "step_ms": 3.1, "error": None}
-                 for c, st, v, w in configs]
+    flat_rows = [{**c, "status": st, "throughput": v, "data_wait_fraction": w, "step_ms": 3.1, "error": None,
+                  "gpu_util": 0.9 + i / 100}  # a reading of the row's own, not a knob
+                 for i, (c, st, v, w) in enumerate(configs)]
     optuna_rows = [{"number": i, "value": v if st == "ok" else None, "datetime_start": "2026-12-06 13:00:00",
                     **{f"params_{k}": x for k, x in c.items()}, "user_attrs_data_wait_fraction": w,
                     "user_attrs_status": st if st != "ok" else None,

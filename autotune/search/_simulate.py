@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import optuna
 from optuna.distributions import CategoricalDistribution
 
-from autotune._config import COMPILE_MODES_WITH_GRAPHS
+from autotune._config import COMPILE_MODES_WITH_GRAPHS, TrialConfig
 from autotune._errors import TableError
 from autotune.search._cost import CACHED_COMPILE_SHARE, compile_group
 from autotune.search._predict import (INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, SLOW_VARIANT_SHARE, WORTH,
@@ -216,6 +216,7 @@ MEASUREMENT_FIELDS = frozenset({
     "datetime_complete", "duration", "values", "metric",
 })
 OPTUNA_PREFIXES = ("params_", "user_attrs_", "system_attrs_", "constraints")
+CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialConfig))
 
 
 def _params_of(data: dict[str, Any]) -> Any:
@@ -226,7 +227,10 @@ def _params_of(data: dict[str, Any]) -> Any:
     prefixed = {k[len("params_"):]: v for k, v in data.items() if k.startswith("params_")}
     if prefixed:
         return prefixed
-    return {k: v for k, v in data.items() if k not in MEASUREMENT_FIELDS and not k.startswith(OPTUNA_PREFIXES)}
+    # A fraction (0.93) is a reading (a GPU's utilisation, a loss), not a knob's value, unless it names a knob
+    # of this project (memory_fraction): as a knob it would make every row a config of its own.
+    return {k: v for k, v in data.items() if k not in MEASUREMENT_FIELDS and not k.startswith(OPTUNA_PREFIXES)
+            and (not isinstance(v, float) or k in CONFIG_FIELDS)}
 
 
 def _field(data: dict[str, Any], name: str) -> Any:
