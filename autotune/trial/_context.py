@@ -272,8 +272,7 @@ class TrialContext:
             # What the script loads with as written: the study's baseline is the script, its loader included.
             self.extras["script_loader"] = _loader_knobs_of(dataset, cuda=self.device.type == "cuda")
             if self.run is not None and self.adopt_script_batch:  # a real run of the script as written
-                self.config = self.config.replace(**self.extras["script_loader"])
-                self.run.config = self.config
+                self._train_with(self.config.replace(**self.extras["script_loader"]))
             dataset, shuffle, sampler, kept = _adopt_loader(dataset)
             kwargs = {**kept, **kwargs}
         script_batch = kwargs.pop("batch_size", None)
@@ -325,10 +324,14 @@ class TrialContext:
                 return
         if self.baseline_batch_size == cfg.global_batch_size:
             self.baseline_batch_size = adopted.global_batch_size  # the reference is the baseline: lr_scale stays 1
-        self.config = adopted
-        if self.run is not None:
-            self.run.config = adopted
+        self._train_with(adopted)
         self.extras["batch_adopted"] = adopted.global_batch_size
+
+    def _train_with(self, config: TrialConfig) -> None:
+        """Train with ``config`` from here on; a real run's length and clock read it too."""
+        self.config = config
+        if self.run is not None:
+            self.run.config = config
 
     def _deadline(self) -> Optional[float]:
         """When this run's time share ends (``Budget.seconds``, on ``time.perf_counter``), or None."""
