@@ -660,12 +660,16 @@ def _dashboard(args: argparse.Namespace) -> int:
         # optuna-dashboard cannot guess a storage from "journal:PATH": give it the storage object, which
         # also refuses a torn journal and never appends after one (the dashboard writes notes).
         return _serve_dashboard(storage, args.host, args.port, artifacts, allow_edits=args.allow_edits)
-    # optuna-dashboard's own server, told the study's constraints and autotune's best (study/_dashboard).
-    command = [sys.executable, "-c", "from autotune.study._dashboard import main; main()", url,
+    # optuna-dashboard's own server, told the study's constraints and autotune's best (study/_dashboard). The
+    # URL goes in the environment, which only the user's own processes can read (and the new process scrubs),
+    # never in argv, which `ps` shows to every user for as long as the dashboard runs.
+    from autotune.study._storage import STORAGE_ENV
+
+    command = [sys.executable, "-c", "from autotune.study._dashboard import main; main()",
                "--host", args.host, "--port", str(args.port), "--artifact-dir", str(artifacts),
                "--studies-dir", str(args.studies_dir), *(["--allow-edits"] if args.allow_edits else [])]
     sys.stdout.flush()
-    os.execv(sys.executable, command)  # become the dashboard, so signals reach it directly
+    os.execve(sys.executable, command, {**os.environ, STORAGE_ENV: url})  # become the dashboard: signals reach it
     return 0
 
 

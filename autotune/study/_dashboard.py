@@ -141,10 +141,19 @@ def serve(url: str, *, host: str, port: int, artifact_dir: Path, studies_dir: Pa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -c 'from autotune.study._dashboard import main; main()' URL --host H --port P --artifact-dir D
-    --studies-dir S [--allow-edits]``: the process ``autotune dashboard`` becomes."""
+    """``AUTOTUNE_STORAGE=URL python -c 'from autotune.study._dashboard import main; main()' --host H --port P
+    --artifact-dir D --studies-dir S [--allow-edits]``: the process ``autotune dashboard`` becomes.
+
+    The URL comes in the environment, not argv (``ps`` shows argv to every user); it is taken out of this
+    process's environment, and out of the block ``/proc/PID/environ`` shows, before the server starts.
+    """
+    import os
+
+    from autotune.study._storage import STORAGE_ENV, scrub_initial_environ
+
+    url = os.environ.pop(STORAGE_ENV, "")
+    scrub_initial_environ(STORAGE_ENV)
     parser = argparse.ArgumentParser(prog="autotune dashboard")
-    parser.add_argument("storage")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--artifact-dir", required=True)
@@ -152,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--allow-edits", action="store_true")
     args = parser.parse_args(argv)
     try:
-        serve(args.storage, host=args.host, port=args.port, artifact_dir=Path(args.artifact_dir),
+        serve(url, host=args.host, port=args.port, artifact_dir=Path(args.artifact_dir),
               studies_dir=Path(args.studies_dir), allow_edits=args.allow_edits)
     except KeyboardInterrupt:
         pass
