@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from autotune._errors import WorkloadError
 
@@ -139,6 +139,51 @@ SCRIPT_ARGV_ENV = "AUTOTUNE_SCRIPT_ARGV"
 def script_argv_env(script_args: Any) -> dict[str, str]:
     """The variable that gives a trial process ``script_args`` as its ``sys.argv[1:]``."""
     return {SCRIPT_ARGV_ENV: json.dumps([str(a) for a in script_args])}
+
+
+class ScriptArgumentsError(WorkloadError):
+    """The script's own ``argparse`` refused the arguments it was given (``ScriptArgv``)."""
+
+
+class ScriptArgv:
+    """``sys.argv`` as the script sees it while autotune imports and runs it: the script's path (or module),
+    then ``args``; with ``args`` None, ``sys.argv`` is left as it is (a Python caller's own).
+
+    Inside, an ``argparse`` error of the script is raised as one ``ScriptArgumentsError`` line in the script's
+    own words (``main.py: error: unrecognized arguments: --lr``) instead of its usage block and exit code 2.
+    Both are put back on exit.
+    """
+
+    def __init__(self, target: str, args: Optional[Sequence[str]]) -> None:
+        self.target = target
+        self.args = None if args is None else [str(a) for a in args]
+        self._saved: Optional[list[str]] = None
+        self._error: Any = None
+
+    def __enter__(self) -> "ScriptArgv":
+        import argparse
+
+        given = self.args
+        if given is not None:
+            self._saved = list(sys.argv)
+            module_part = self.target.rpartition(":")[0]
+            sys.argv = [module_part or (sys.argv[0] if sys.argv else ""), *given]
+
+        def error(parser: argparse.ArgumentParser, message: str) -> Any:
+            shown = "none" if not given else " ".join(given)
+            raise ScriptArgumentsError(f"{parser.prog}: error: {message} (the script's own arguments: {shown}; "
+                                       "they go after --)")
+
+        self._error = argparse.ArgumentParser.error
+        argparse.ArgumentParser.error = error  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import argparse
+
+        argparse.ArgumentParser.error = self._error  # type: ignore[method-assign]
+        if self._saved is not None:
+            sys.argv = self._saved
 
 
 def load_target(target: str) -> Callable[..., Any]:

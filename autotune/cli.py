@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train for real with a study's pick (or a config, or the baseline) and "
                                          "check the study's promise at full length")
-    train.add_argument("target", metavar="PATH_OR_MODULE:FUNC", help="the function the study tuned")
+    train.add_argument("target", metavar="PATH_OR_MODULE:FUNC",
+                       help="the function the study tuned; the script's own arguments go last, after --: autotune "
+                            "train main.py:train --study main --steps 2000 -- --lr 0.1 (default: the study's)")
     source = train.add_mutually_exclusive_group()
     source.add_argument("--study", help="train with this study's best_config.json (under --studies-dir)")
     source.add_argument("--config", metavar="PATH", help="train with this best_config.json (or a config file)")
@@ -269,7 +271,7 @@ _TUNER_OPTIONS = {
     "script_args": "script_args",
 }
 # The commands that run the script, and so take its own arguments after "--".
-_SCRIPT_COMMANDS = ("tune", "worker")
+_SCRIPT_COMMANDS = ("tune", "worker", "train")
 
 
 def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None) -> Any:
@@ -757,10 +759,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(own)
     if script_args is not None and args.command not in _SCRIPT_COMMANDS:
-        parser.error(f"arguments after -- are the script's, which only {' and '.join(_SCRIPT_COMMANDS)} run")
+        parser.error(f"arguments after -- are the script's, which only {', '.join(_SCRIPT_COMMANDS)} run")
     # A trial process is started with its coordinator's sys.argv, which here is autotune's own: the script gets
-    # the arguments after -- instead, or none.
-    args.script_args = (script_args or []) if args.command in _SCRIPT_COMMANDS else None
+    # the arguments after -- instead, or none. train without -- reuses those its study was tuned with.
+    args.script_args = (script_args if args.command == "train" else (script_args or [])) \
+        if args.command in _SCRIPT_COMMANDS else None
     import optuna
 
     from autotune.study import _signals
@@ -788,10 +791,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "train":
             from autotune.study._train import train
 
-            done = train(args.target, config=args.config, study=args.study, epochs=args.epochs, steps=args.steps,
-                         minutes=args.minutes, compare=args.compare, seed=args.seed, studies_dir=args.studies_dir,
-                         out=args.out, metric_direction=args.metric_direction,
-                         max_accuracy_loss=args.max_accuracy_loss, progress=not args.no_progress)
+            own, sys.argv = sys.argv, sys.argv[:1]  # autotune's options are not the script's: without -- and a
+            try:  # study that recorded its arguments, the script gets none
+                done = train(args.target, config=args.config, study=args.study, epochs=args.epochs,
+                             steps=args.steps, minutes=args.minutes, compare=args.compare, seed=args.seed,
+                             studies_dir=args.studies_dir, out=args.out, metric_direction=args.metric_direction,
+                             max_accuracy_loss=args.max_accuracy_loss, progress=not args.no_progress,
+                             args=args.script_args)
+            finally:
+                sys.argv = own
             return 130 if done.interrupted else 0 if all(r.status in ("ok",) for r in done.runs.values()) else 1
         if args.command == "spaces":
             return _spaces(args)

@@ -218,6 +218,12 @@ def test_the_scripts_own_arguments_and_working_directory_reach_every_trial(tmp_p
     assert len(seen) >= 2 and all(s["emsize"] == 64 and s["in_study"] and s["data_found"] for s in seen), seen
     assert all(s["argv"] == [str(tmp_path / "main.py"), "--emsize", "64", "--data", "data"] for s in seen)
     assert all(Path(s["cwd"]) == work for s in seen)
+    # The study records them, and autotune train --study gives them to the real run without a -- of its own.
+    assert json.loads((work / "studies" / "args" / "best_config.json").read_text())["script_args"] == \
+        ["--emsize", "64", "--data", "data"]
+    assert main(["train", f"{tmp_path / 'main.py'}:train", "--study", "args", "--steps", "2", "--no-progress"]) == 0
+    done = json.loads((work / "studies" / "args" / "train.json").read_text())
+    assert done["script_args"] == ["--emsize", "64", "--data", "data"] and done["runs"]["pick"]["status"] == "ok"
     # Without --, a trial's argparse sees no arguments: not autotune's own (it would exit on --space).
     _tune(work, monkeypatch, {}, "--space", "space.yaml", "--study", "no-args", "--trials", "1", "--top-k", "0",
           target=f"{tmp_path / 'main.py'}:train")

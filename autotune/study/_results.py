@@ -34,6 +34,7 @@ def best_config_document(study: optuna.Study, result: Result, unconfirmed: str =
     return {
         "study": study.study_name,
         "target": study.user_attrs.get("target"),
+        "script_args": study.user_attrs.get("script_args"),  # the script's own arguments: autotune train's default
         "config": result.best_config.to_dict() if result.best_config else None,
         "keep_baseline": result.keep_baseline,
         # The fastest config measured, when it is not the one to train with (slower, or inside the spread).

@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from autotune._config import TrialConfig, dumps
 from autotune._errors import AutotuneError, KnobError, StudyError, WorkloadError
 from autotune._files import write_atomic
 from autotune._records import DEFAULT_STUDIES_DIR, study_dir
-from autotune._target import load_target_or_say_why, target_of
+from autotune._target import ScriptArgumentsError, ScriptArgv, load_target_or_say_why, target_of
 from autotune.study._verdict import ReferenceBand, fingerprints, judge
 
 PROMISE_TOLERANCE = 0.05  # delivered within +-5% of the study's throughput keeps its promise
@@ -69,6 +69,7 @@ class TrainPlan:
     study: Optional[str] = None
     source: str = "the baseline (no study, no config given)"
     target: Optional[str] = None
+    script_args: Optional[tuple[str, ...]] = None  # the script's own arguments the study tuned it with
 
     @property
     def config(self) -> TrialConfig:
@@ -106,8 +107,10 @@ def plan_from_document(doc: dict[str, Any], source: str) -> TrainPlan:
                             measurement.get("extra:gpu.joules_per_sample"),
                             f"study {study}, trial #{doc.get('trial')}" if study else source)
     baseline_promise = _promise(base.get("throughput"), None, None, f"study {study}'s baseline" if study else source)
+    recorded = doc.get("script_args")
+    script_args = tuple(str(a) for a in recorded) if isinstance(recorded, list) else None
     return TrainPlan(pick=pick, baseline=baseline, pick_promise=pick_promise, baseline_promise=baseline_promise,
-                     study=study, source=source, target=doc.get("target"))
+                     study=study, source=source, target=doc.get("target"), script_args=script_args)
 
 
 def load_plan(*, config: Union[str, Path, None] = None, study: Optional[str] = None,
@@ -480,7 +483,7 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
           minutes: Optional[float] = None, compare: bool = False, seed: int = 0,
           studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR, out: Union[str, Path, None] = None,
           metric_direction: str = "maximize", max_accuracy_loss: float = 0.01, progress: bool = True,
-          say: Callable[[str], None] = print) -> TrainResult:
+          args: Optional[Sequence[str]] = None, say: Callable[[str], None] = print) -> TrainResult:
     """Train ``train_fn`` for real with the study's pick (or ``config``, or the baseline) and check the promise.
 
     Args:
@@ -496,14 +499,22 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         metric_direction: Whether a higher reported metric is better (``maximize``) or lower.
         max_accuracy_loss: The verdict's bound on the metric's loss, as in the study.
         progress: Show the progress line.
+        args: The script's own arguments, its ``sys.argv[1:]`` while it is imported and trains (``autotune
+            train FILE:FN ... -- ARGS``); None: those the study was tuned with (``best_config.json``'s
+            ``script_args``), else the calling process's own ``sys.argv[1:]``.
         say: Where the closing lines go.
 
     Raises:
         StudyError: a config that cannot be read, or a length that cannot be resolved.
-        WorkloadError: ``train_fn`` cannot be imported.
+        WorkloadError: ``train_fn`` cannot be imported, or the script's ``argparse`` refused its arguments.
         KnobError: a config ``autotune train`` cannot run (a DDP job, or copies under CUDA MPS).
     """
+    if isinstance(args, (str, bytes)):
+        raise ValueError(f"args must be a list of arguments (e.g. ['--lr', '0.1']), not the string {args!r}: "
+                         "split it with shlex.split")
     plan = load_plan(config=config, study=study, studies_dir=studies_dir)
+    script_args = [str(a) for a in args] if args is not None else (
+        list(plan.script_args) if plan.script_args is not None else None)
     if compare and plan.pick is None:
         raise StudyError("--compare needs a pick to compare with the baseline: give --study or --config")
     length = resolve_length(plan, epochs=epochs, steps=steps, minutes=minutes, compare=compare)
@@ -515,10 +526,10 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
                                                   else Path(studies_dir) / "train")
     path = folder / RESULT_FILE
     target = train_fn if isinstance(train_fn, str) else None
-    # A comparison's runs import the target in their own processes: this one stays free of torch.
-    fn = train_fn if not isinstance(train_fn, str) else None if compare else load_target_or_say_why(train_fn)
+    argv = ScriptArgv(target or "", script_args)  # sys.argv as the script sees it, in this process
     runs: dict[str, TrainRun] = {}
     doc: dict[str, Any] = {"study": plan.study, "source": plan.source, "length": length.to_dict(),
+                           "script_args": script_args if script_args is not None else sys.argv[1:],
                            "requested": {"epochs": epochs, "steps": steps, "minutes": minutes}, "seed": seed,
                            "started": _now(), "runs": {}}
 
@@ -532,7 +543,8 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         label = "pick" if plan.pick is not None else "baseline"
         line = _ProgressLine(label, progress)
         stopper: dict[str, Any] = {}
-        with _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
+        with argv, _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
+            fn = train_fn if not isinstance(train_fn, str) else load_target_or_say_why(train_fn)
             result = run_once(fn, plan.config, length, label=label, seed=seed,
                               baseline_batch_size=plan.baseline.global_batch_size, metric_direction=metric_direction,
                               progress=line, on_start=lambda r: stopper.__setitem__("run", r), checkpoint=save,
@@ -541,12 +553,16 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         runs[label] = result
         interrupted = result.status == "interrupted"
     else:
-        target = target or target_of(fn)  # type: ignore[arg-type]
+        # A comparison's runs import the target in their own processes: this one stays free of torch.
+        target = target or target_of(train_fn)  # type: ignore[arg-type]
         single = (("pick" if plan.pick is not None else "baseline", plan.config),)
         for label, cfg in (("baseline", plan.baseline), ("pick", plan.config)) if compare else single:
             result = _run_child(target, cfg, length, label=label, seed=seed, folder=folder,
                                 baseline_batch_size=plan.baseline.global_batch_size,
-                                metric_direction=metric_direction, progress=progress)
+                                metric_direction=metric_direction, progress=progress,
+                                script_args=doc["script_args"])
+            if result.extras.get("script_arguments_refused"):
+                raise ScriptArgumentsError(str(result.error))  # the script's own argparse: before anything trains
             runs[label] = result
             save(result)
             if result.status == "interrupted":
@@ -643,7 +659,8 @@ def _finite(value: Any) -> Any:
 
 # -- a run in its own process (--compare) ------------------------------------------------------------
 def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, seed: int, folder: Path,
-               baseline_batch_size: int, metric_direction: str, progress: bool) -> TrainRun:
+               baseline_batch_size: int, metric_direction: str, progress: bool,
+               script_args: Sequence[str] = ()) -> TrainRun:
     """The run in fresh processes forked from the trial server (torch already imported, CUDA untouched), each
     in its own session: a Ctrl-C reaches them once, forwarded from here; a second one ends them at once.
 
@@ -661,7 +678,8 @@ def _run_child(target: str, config: TrialConfig, length: Any, *, label: str, see
         path.unlink(missing_ok=True)
         spec = {"target": target, "config": config.to_dict(), "length": length.to_dict(), "label": name,
                 "seed": seed + index, "baseline_batch_size": baseline_batch_size, "metric_direction": metric_direction,
-                "progress": progress and index == 0, "result": str(path), "copies": copies}
+                "progress": progress and index == 0, "result": str(path), "copies": copies,
+                "script_args": list(script_args)}
         children.append(_mp_context().Process(target=_child_entry, args=(json.dumps(spec), dict(os.environ))))
         paths.append(path)
     forwarded = {"count": 0}
@@ -761,14 +779,16 @@ def _child_main(text: str) -> int:
     line = _ProgressLine(spec["label"], spec["progress"])
     stopper: dict[str, Any] = {}
     try:
-        fn = load_target_or_say_why(spec["target"])
-        with _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
+        with ScriptArgv(spec["target"], spec.get("script_args", [])), \
+                _StopOnSignal(lambda reason: stopper["run"].request_stop(reason)):
+            fn = load_target_or_say_why(spec["target"])
             run = run_once(fn, config, length, label=spec["label"], seed=spec["seed"],
                            baseline_batch_size=spec["baseline_batch_size"], metric_direction=spec["metric_direction"],
                            progress=line, on_start=lambda r: stopper.__setitem__("run", r),
                            checkpoint=lambda partial: _write_json(Path(spec["result"]), partial.to_dict()))
     except (AutotuneError, WorkloadError) as exc:
-        run = TrainRun(label=spec["label"], config=config, length=length.to_dict(), status="error", error=str(exc))
+        run = TrainRun(label=spec["label"], config=config, length=length.to_dict(), status="error", error=str(exc),
+                       extras={"script_arguments_refused": True} if isinstance(exc, ScriptArgumentsError) else {})
     line.done()
     _write_json(Path(spec["result"]), run.to_dict())
     return 0

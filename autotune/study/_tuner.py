@@ -373,6 +373,10 @@ class Tuner:
         accuracy = self.options.accuracy
         attrs = {
             "target": self.target,
+            # The script's own arguments its trials ran with (the Python caller's own without script_args):
+            # autotune train --study gives them to the real run.
+            "script_args": list(self.options.trial.script_args) if self.options.trial.script_args is not None
+            else sys.argv[1:],
             TARGET_DIGEST: target_digest(self.target),
             TARGET_MODULES: local_modules(self.target),
             "space_name": space.name,
