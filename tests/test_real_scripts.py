@@ -75,3 +75,52 @@ def test_the_scripts_own_argparse_error_is_one_line_in_the_scripts_words(tmp_pat
     assert err == ("autotune: error: argparse_script.py: error: unrecognized arguments: --lr 0.1 (the script's own "
                    "arguments: --lr 0.1; they go after --)\n"), err
     assert "usage:" not in out + err
+
+
+# -- 2. a model that computes its own loss -----------------------------------------------------------------
+def _train_losses(model_fn, loss_fn, *, batch_form: bool = False) -> list[float]:
+    """One untimed epoch (a context with no study and no run) of 8 steps; the loss of each."""
+    import torch
+
+    from autotune.trial._context import TrialContext
+    from real_script_workloads import Pairs
+    from workloads import dataset
+
+    torch.manual_seed(0)
+    ctx = TrialContext(config=ONE_THREAD.replace(batch_size=32))
+    model = ctx.model(model_fn())
+    step = ctx.train_step(model, ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.5), loss_fn)
+    data = Pairs(256, seed=0) if batch_form else dataset(256, seed=0)
+    if batch_form:
+        return [float(step(batch)) for batch in ctx.batches(ctx.loader(data, shuffle=False))]
+    return [float(step(x, y)) for x, y in ctx.batches(ctx.loader(data, shuffle=False))]
+
+
+@pytest.mark.parametrize("form", ["tuple", "mapping", "object"])
+def test_step_without_a_loss_function_trains_a_model_that_computes_its_own_loss(form: str) -> None:
+    from torch import nn
+
+    from real_script_workloads import KeywordLoss, TargetsLoss
+    from workloads import tiny_model
+
+    with_loss_fn = _train_losses(tiny_model, nn.CrossEntropyLoss())
+    assert len(with_loss_fn) == 8 and with_loss_fn[-1] < with_loss_fn[0]
+    # step(x, y) calls model(x, y): nanoGPT's (logits, loss), a mapping with "loss", an object with .loss. The
+    # same weights and the same loss at every step as the loss function applied to model(x).
+    assert _train_losses(lambda: TargetsLoss(form), None) == pytest.approx(with_loss_fn, rel=1e-6)
+    # step(batch) with a mapping calls model(**batch): an HF-style model(input_ids=..., labels=...).
+    assert _train_losses(KeywordLoss, None, batch_form=True) == pytest.approx(with_loss_fn, rel=1e-6)
+
+
+def test_a_model_output_with_no_loss_or_an_ambiguous_one_is_named_in_one_line() -> None:
+    import torch
+
+    from autotune import WorkloadError
+    from autotune.trial._knobs import own_loss
+
+    with pytest.raises(WorkloadError, match=r"the model's output \(Tensor\) has no loss tensor"):
+        own_loss(torch.ones(3))
+    with pytest.raises(WorkloadError, match="2 scalar tensors: which one is the loss is a guess"):
+        own_loss((torch.tensor(1.0), torch.tensor(2.0)))
+    loss = torch.tensor(0.5)
+    assert own_loss((loss, torch.ones(2, 3))) is loss  # an HF model's return_dict=False tuple: (loss, logits)

@@ -511,14 +511,16 @@ class TrialContext:
         (``config.accumulation_steps`` micro-batches per optimizer step) and CUDA Graphs applied. In a
         study it also records the training loss of every step for the accuracy verdict.
 
-        ``step(inputs, targets)`` takes its loss from ``loss_fn(model(inputs), targets)``. ``step(batch)``
+        ``step(inputs, targets)`` takes its loss from ``loss_fn(model(inputs), targets)``; without a
+        ``loss_fn`` it calls ``model(inputs, targets)``, a model that computes its own loss. ``step(batch)``
         calls ``model(**batch)`` for a dict (``model(*batch)`` for a tuple) and takes ``loss_fn(outputs,
-        batch)``, or without a ``loss_fn`` the model's own ``outputs.loss``.
+        batch)``, or without a ``loss_fn`` the model's own. A model's own loss is ``outputs["loss"]`` of a
+        mapping, the one scalar tensor of a tuple (``(logits, loss)``), or ``outputs.loss``.
 
         Args:
             model: The model (from ``ctx.model``).
             optimizer: Its optimizer (from ``ctx.optimizer``).
-            loss_fn: ``loss_fn(outputs, targets)`` or ``loss_fn(outputs, batch)``; None: ``outputs.loss``.
+            loss_fn: ``loss_fn(outputs, targets)`` or ``loss_fn(outputs, batch)``; None: the model's own loss.
             clip_grad_norm: Clip the gradient of each optimizer step to this total norm, on the device
                 (captured with the step under CUDA Graphs).
             scheduler: An LR scheduler of ``optimizer``, stepped after every optimizer step. Under CUDA

@@ -319,11 +319,10 @@ def model_loss(model: torch.nn.Module, loss_fn: Optional[Callable[..., torch.Ten
                args: tuple[Any, ...]) -> torch.Tensor:
     """The forward pass and the loss of one ``TrainStep`` call (see its two call forms)."""
     if len(args) == 2:
-        if loss_fn is None:
-            raise WorkloadError("step(inputs, targets) needs a loss_fn: ctx.train_step(model, optimizer, loss_fn), "
-                                "or call step(batch) with a model that returns its loss")
         inputs, targets = args
-        return loss_fn(model(inputs), targets)
+        if loss_fn is not None:
+            return loss_fn(model(inputs), targets)
+        return own_loss(model(inputs, targets))  # a model that computes its loss from the targets (nanoGPT's)
     (batch,) = args
     if isinstance(batch, Mapping):
         outputs = model(**batch)
@@ -333,11 +332,32 @@ def model_loss(model: torch.nn.Module, loss_fn: Optional[Callable[..., torch.Ten
         outputs = model(batch)
     if loss_fn is not None:
         return loss_fn(outputs, batch)
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return own_loss(outputs)
+
+
+def own_loss(outputs: Any) -> torch.Tensor:
+    """The loss a model returned with its outputs: ``outputs["loss"]`` of a mapping (a Hugging Face
+    ``ModelOutput`` is one), the one scalar tensor of a tuple or list (nanoGPT's ``(logits, loss)``, a
+    Hugging Face model's ``(loss, logits, ...)`` with ``return_dict=False``), else ``outputs.loss``.
+
+    Raises:
+        WorkloadError: no loss tensor among them, or a tuple with several scalars (which is the loss is a guess).
+    """
+    if isinstance(outputs, Mapping):
+        loss = outputs.get("loss")
+    elif isinstance(outputs, (list, tuple)) and not hasattr(outputs, "loss"):
+        scalars = [o for o in outputs if isinstance(o, torch.Tensor) and o.dim() == 0 and o.is_floating_point()]
+        if len(scalars) > 1:
+            raise WorkloadError(f"the model returned a {type(outputs).__name__} with {len(scalars)} scalar tensors: "
+                                "which one is the loss is a guess; pass loss_fn=fn(outputs, targets) to ctx.train_step")
+        loss = scalars[0] if scalars else None
+    else:
+        loss = getattr(outputs, "loss", None)
     if not isinstance(loss, torch.Tensor):
         raise WorkloadError(
-            f"the model's output ({type(outputs).__name__}) has no loss tensor (outputs.loss or outputs['loss']): "
-            "pass the labels the model needs in the batch, or loss_fn=fn(outputs, batch) to ctx.train_step"
+            f"the model's output ({type(outputs).__name__}) has no loss tensor (outputs.loss, outputs['loss'] or a "
+            "scalar in a tuple): pass the targets the model needs (step(inputs, targets) calls model(inputs, "
+            "targets), step(batch) model(**batch)), or a loss_fn to ctx.train_step"
         )
     return loss
 
@@ -361,10 +381,11 @@ class TrainStep:
 
     Two ways to call it:
 
-    - ``step(inputs, targets)``: the loss is ``loss_fn(model(inputs), targets)`` (the image loop).
+    - ``step(inputs, targets)``: the loss is ``loss_fn(model(inputs), targets)`` (the image loop); without a
+      ``loss_fn`` the model computes its own from the targets: ``model(inputs, targets)`` (``own_loss``).
     - ``step(batch)``: the model is called as ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple
       or list, else ``model(batch)``; the loss is ``loss_fn(outputs, batch)`` when a ``loss_fn`` is given,
-      else the model's own: ``outputs.loss`` (or ``outputs["loss"]``), as transformer LMs return it.
+      else the model's own (``own_loss``): ``outputs.loss``, ``outputs["loss"]`` or the scalar of a tuple.
 
     With ``config.accumulation_steps`` > 1 (``batch_policy: fixed`` and a micro-batch smaller than the
     global batch) each call is one micro-batch: its loss is divided by the accumulation count before the
