@@ -64,3 +64,74 @@ def test_the_dashboard_keeps_the_password_out_of_its_argv_and_environ(postgres_u
         dashboard.terminate()
         out, err = dashboard.communicate(timeout=30)
     assert "LEAK5" not in out + err
+
+
+# -- 3: a dropped PostgreSQL connection ----------------------------------------------------------------------
+
+
+def _terminate(admin, database: str, *, waiting: bool = False) -> int:
+    """pg_terminate_backend on every connection to ``database`` (only those waiting on a lock, if ``waiting``)."""
+    query = ("select count(pg_terminate_backend(pid)) from pg_stat_activity where datname = %s and pid <> pg_backend_pid()"
+             + (" and wait_event_type = 'Lock'" if waiting else ""))
+    return admin.execute(query, (database,)).fetchone()[0]
+
+
+def _has_trials(admin) -> bool:
+    if not admin.execute("select to_regclass('trials') is not null").fetchone()[0]:
+        return False
+    return admin.execute("select exists (select 1 from trials)").fetchone()[0]
+
+
+def test_a_study_goes_on_through_dropped_postgresql_connections(postgres_url, tmp_path):
+    import psycopg
+
+    from scale_workloads import SPACE
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    database = postgres_url.rsplit("/", 1)[1]
+    tune = subprocess.Popen([sys.executable, "-m", "autotune", "tune", f"{HERE / 'scale_workloads.py'}:train",
+                             "--space", str(tmp_path / "space.yaml"), "--storage", postgres_url, "--study", "s",
+                             "--trials", "3", "--studies-dir", str(tmp_path / "studies"), "--no-progress", "--no-plots",
+                             "--prune-below", "0", "--top-k", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    dropped, drops = 0, 0
+    with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+        created = time.monotonic() + 60
+        while tune.poll() is None:  # once the study has a trial, drop every connection, four times a second apart
+            if drops == 4 or (not dropped and time.monotonic() < created and not _has_trials(admin)):
+                time.sleep(0.2)
+                continue
+            dropped += _terminate(admin, database)
+            drops += 1
+            time.sleep(1)
+    out, err = tune.communicate()
+    assert tune.returncode == 0, err[-3000:]  # before: a traceback blaming "exceeding max length"
+    assert dropped >= 4
+    trials = optuna.load_study(study_name="s", storage=postgres_url).trials
+    assert len([t for t in trials if t.state.name == "COMPLETE"]) >= 3
+
+
+def test_a_connection_dropped_under_every_retry_is_one_line(postgres_url, tmp_path):
+    import psycopg
+
+    from autotune.study._storage import RECONNECTS
+
+    optuna.create_study(study_name="s", storage=postgres_url)
+    database = postgres_url.rsplit("/", 1)[1]
+    plain = postgres_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(plain) as locker, psycopg.connect(plain, autocommit=True) as admin:
+        locker.execute("lock table studies in access exclusive mode")  # `best` waits on it, mid-query
+        best = subprocess.Popen([sys.executable, "-m", "autotune", "best", "s", "--storage", postgres_url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline, dropped = time.monotonic() + 60, 0
+        while best.poll() is None:  # drop its connection under the query each time it tries again
+            assert time.monotonic() < deadline, best.communicate()
+            dropped += _terminate(admin, database, waiting=True)
+            time.sleep(0.05)
+        out, err = best.communicate(timeout=60)
+    assert dropped == RECONNECTS + 1, (dropped, err)  # it tried again, a bounded number of times
+    lines = err.splitlines()
+    assert best.returncode == 1 and "Traceback" not in err, err  # before: a traceback on the first drop
+    assert len([line for line in lines if "trying again on a new one" in line]) == RECONNECTS, err
+    assert lines[-1].startswith("autotune: error: storage ") and len(lines) == RECONNECTS + 1, err
+    assert "the server dropped the connection" in lines[-1] and "rerun the same command" in lines[-1], err

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import re
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -14,6 +18,8 @@ import optuna
 from autotune._errors import StudyError
 from autotune._records import DEFAULT_STUDIES_DIR
 from autotune.study._locks import file_lock
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DB = "autotune.db"
 
@@ -136,6 +142,9 @@ def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
 # How a driver says the disk is full, and how SQLite says its file is damaged.
 DISK_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded", "could not extend file",
              "file too large")
+# How a driver says the server dropped the connection under a query (a restart, pg_terminate_backend).
+DROPPED = ("terminating connection", "server closed the connection", "connection is closed", "connection was closed",
+           "could not receive data from server", "lost connection", "server has gone away", "connection reset")
 DAMAGED = ("database disk image is malformed", "file is not a database", "btreeinitpage", "on tree page", "corrupt")
 
 
@@ -153,8 +162,8 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def storage_failure(exc: BaseException, url: Optional[str]) -> Optional[StudyError]:
-    """One line for a storage on a full disk, or a damaged SQLite file, from whatever the driver raised
-    (``None`` for any other error).
+    """One line for a storage on a full disk, a dropped server connection, or a damaged SQLite file, from
+    whatever the driver raised (``None`` for any other error).
 
     Args:
         url: The storage's URL (``None``: the default SQLite file); it is masked in the line.
@@ -174,12 +183,71 @@ def storage_failure(exc: BaseException, url: Optional[str]) -> Optional[StudyErr
             if bad:
                 return StudyError(f"{bad} is not valid JSON ({text[:120]}); the storage {mask_url(url)} cannot be "
                                   "read until that row is fixed or deleted")
+        if _dropped(cause):
+            return StudyError(f"storage {where}: the server dropped the connection ({hide_secret(text, url)[:200]}); "
+                              "rerun the same command to resume (a trial it was running is run again)")
         if type(cause).__name__ in ("DatabaseError", "IntegrityError", "OperationalError") and any(
                 k in lower for k in DAMAGED):
             name = url[len("sqlite:///"):] if url and url.startswith("sqlite:///") else where
             return StudyError(f"the study database {name} is damaged ({hide_secret(text, url)[:200]}); restore it from a copy "
                               "(or move it aside to start a new study there)")
     return None
+
+
+def _dropped(cause: BaseException) -> bool:
+    """Whether ``cause`` is a driver's word that the server dropped the connection under a query."""
+    lower = str(cause).lower()
+    return bool(getattr(cause, "connection_invalidated", False)) or (
+        type(cause).__name__ in ("OperationalError", "AdminShutdown", "InterfaceError")
+        and any(k in lower for k in DROPPED))
+
+
+RECONNECTS = 3  # tries again after a dropped connection, waiting 0.5, 1 and 2 s, before the error stands
+
+
+_calls = threading.local()  # how deep in retried calls this thread is: only the outermost one tries again
+
+
+def _reconnecting(method: Any) -> Any:
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = getattr(_calls, "depth", 0)
+        _calls.depth = depth + 1
+        try:
+            for attempt in range(RECONNECTS + 1):
+                try:
+                    return method(self, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - only a dropped connection is tried again
+                    if depth or attempt == RECONNECTS or not any(_dropped(c) for c in _causes(exc)):
+                        raise
+                    log.warning("storage: the server dropped a connection in %s; trying again on a new one "
+                                "(%d of %d)", method.__name__, attempt + 1, RECONNECTS)
+                    time.sleep(0.5 * 2 ** attempt)
+            raise AssertionError("unreachable")
+        finally:
+            _calls.depth = depth
+
+    return call
+
+
+class ReconnectingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage, whose every call is tried again on a new connection (a few times, a few seconds
+    apart) when the server dropped its connection under it: a restart, a failover, ``pg_terminate_backend``.
+
+    A dropped connection rolls its transaction back, so the retried call finds the database as before it.
+    Only a commit the server made but whose answer was lost is in doubt: a retried trial creation then
+    leaves one extra trial, which the heartbeat (``--grace-period``) fails like any other lost trial.
+    """
+
+
+for _name, _method in vars(optuna.storages.BaseStorage).items():
+    if not _name.startswith("_") and callable(_method) and hasattr(optuna.storages.RDBStorage, _name):
+        setattr(ReconnectingRDBStorage, _name, _reconnecting(getattr(optuna.storages.RDBStorage, _name)))
+# What Optuna's cached storage calls on it besides the public methods.
+for _name in ("record_heartbeat", "_get_stale_trial_ids", "_get_trials", "_create_new_trial", "_get_best_trial_id",
+              "_set_trial_param"):
+    if hasattr(optuna.storages.RDBStorage, _name):
+        setattr(ReconnectingRDBStorage, _name, _reconnecting(getattr(optuna.storages.RDBStorage, _name)))
 
 
 def _bad_json_attribute(url: str) -> str:
@@ -281,7 +349,9 @@ def open_storage(
             if not create and not path.is_file():
                 raise StudyError(f"no journal file at {path}; run `autotune tune` first")
             return open_journal(path, grace_period=grace_period), url
-        engine_kwargs: dict[str, Any] = {}
+        # A server's connection can be dropped under a pooled one (a restart, a failover, an idle timeout,
+        # pg_terminate_backend): test each before use, so a dropped one is replaced rather than failing the study.
+        engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
         creation: Any = contextlib.nullcontext()
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///") :])
@@ -308,7 +378,7 @@ def open_storage(
             if not create:
                 _require_tables(url, engine_kwargs)
                 options["skip_table_creation"] = True
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
+            return ReconnectingRDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
     except StudyError:
         raise
     except ImportError as exc:
