@@ -135,3 +135,30 @@ def test_a_connection_dropped_under_every_retry_is_one_line(postgres_url, tmp_pa
     assert len([line for line in lines if "trying again on a new one" in line]) == RECONNECTS, err
     assert lines[-1].startswith("autotune: error: storage ") and len(lines) == RECONNECTS + 1, err
     assert "the server dropped the connection" in lines[-1] and "rerun the same command" in lines[-1], err
+
+
+# -- 4: a train_fn that changes directory --------------------------------------------------------------------
+
+CHDIR = f"{HERE / 'round5_workloads.py'}:train_changes_directory"
+
+
+def test_a_trial_that_changes_directory_keeps_its_log_and_result(tmp_path, monkeypatch):
+    from autotune import Budget, TrialConfig
+    from autotune.study._runner import TrialRunner
+
+    monkeypatch.chdir(tmp_path)
+    runner = TrialRunner(target=CHDIR, logdir=Path("studies/s/logs"), baseline=TrialConfig(batch_size=16),
+                         budget=Budget(samples=256, warmup_steps=1, windows=3), timeout=120)
+    outcome = runner.run(TrialConfig(batch_size=16), "reference-0", seed=0)
+    # Before: infra, "its folder studies/s/logs/reference-0 vanished or is not writable".
+    assert outcome.status == "ok", outcome.error
+    assert (tmp_path / "studies/s/logs/reference-0/trial.log").is_file()
+    assert not (tmp_path / "elsewhere" / "studies").exists()
+
+
+def test_autotune_train_writes_train_json_where_it_says_when_the_script_changes_directory(tmp_path):
+    proc = _autotune("train", CHDIR, "--steps", "3", "--studies-dir", "studies", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "studies/train/train.json").is_file()  # before: under elsewhere/, printed as studies/...
+    assert not (tmp_path / "elsewhere" / "studies").exists()
+    assert f"Written to {tmp_path / 'studies/train/train.json'}" in proc.stdout, proc.stdout

@@ -128,7 +128,8 @@ class TrialRunner:
         spec = self.spec(config, seed=seed, budget=budget, prune_below=prune_below, probe=probe,
                          loader_variants=loader_variants, adopt_script_batch=adopt_script_batch)
         run = run_copies if config.processes_per_gpu > 1 else run_isolated
-        outcome = run(spec, workdir=self.logdir / workdir, timeout=timeout or self.timeout,
+        # Absolute: a train_fn that changes directory (as many scripts do) must not move its own log and result.
+        outcome = run(spec, workdir=(self.logdir / workdir).absolute(), timeout=timeout or self.timeout,
                       compile_timeout=self.compile_timeout)
         self.note_discarded(outcome)
         return outcome

@@ -534,6 +534,7 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
                            "started": _now(), "runs": {}}
 
     def save(partial: Optional[TrainRun] = None) -> None:
+    folder = folder.absolute()  # before the script runs: one that changes directory must not move train.json
         if partial is not None:
             doc["runs"][partial.label] = partial.to_dict()
         _write(path, doc)
