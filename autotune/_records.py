@@ -112,7 +112,10 @@ def _record(trial: FrozenTrial) -> Optional[TrialRecord]:
 
 def _records(study: optuna.Study) -> list[TrialRecord]:
     out = []
+    superseded = set(study.user_attrs.get(SUPERSEDED) or ())
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if trial.number in superseded:
+            continue
         record = _record(trial)
         if record is not None:
             out.append(record)
@@ -128,6 +131,9 @@ CONFIRMATION = "top_k_confirmation"  # the study attribute of the top-K re-measu
 # after the first full trial, and until then the references' rate stands in for the baseline's.
 BASELINE_SPEED_PENDING = "baseline_speed_pending"
 COLOCATION = "colocation_warning"  # the study attribute of the shared-device warning (study/_workers)
+# Study attribute: trials whose verdict a later run of the same config on longer evidence replaced
+# (``study/_planner.EXTEND``): that run's trial stands for the config, and these no longer count.
+SUPERSEDED = "superseded_trials"
 
 
 def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
@@ -142,7 +148,8 @@ def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
 
 def best_of(trials: list[FrozenTrial], study_attrs: dict[str, Any]) -> Optional[TrialRecord]:
     """``_best_record`` from a study's trials and user attributes (what optuna-dashboard's server holds)."""
-    records = [_record(t) for t in trials if t.state == TrialState.COMPLETE]
+    superseded = set(study_attrs.get(SUPERSEDED) or ())
+    records = [_record(t) for t in trials if t.state == TrialState.COMPLETE and t.number not in superseded]
     feasible = [r for r in records if r is not None and r.feasible and r.status == "ok"]
     confirmed = study_attrs.get(CONFIRMATION) or {}
     if confirmed.get("winner") is not None:

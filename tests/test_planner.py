@@ -201,7 +201,7 @@ VIT_B4_DB = RESULTS / "answer-first-h200" / "dec06-h100-b" / "vit-after-b4.db"
 def test_a_probes_pick_far_beyond_the_best_runs_in_the_races_place() -> None:
     view = StudyView(references_done=2, full_trials=1, best={"number": 1, "data_wait_fraction": 0.98},
                      best_is_reference=False, probed=True, waiting=1, finished=2, budget_seconds=240.0,
-                     usable_seconds=73.0, race_seconds=73.0)
+                     usable_seconds=73.0, race_seconds=73.0, faster_found=True)
     assert next_action(view).action == STOP  # no decisive pick: the race's reservation stands
     decisive = next_action(StudyView(**{**view.__dict__, "decisive_seconds": 58.0}))
     assert decisive.action == TRIAL and "in the race's place (58 s with one round" in decisive.reason

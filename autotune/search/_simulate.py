@@ -98,10 +98,22 @@ class TableRow:
     data_wait_fraction: Optional[float] = None  # share of the timed windows spent waiting for input
     loader_rate: Optional[float] = None  # a loader probe's samples/s for this config, when recorded
     step_rate: Optional[float] = None  # a step probe's samples/s, when recorded
+    # A process's start and the script's build before its first step (part of ``trial_seconds``), for a
+    # whole study's replay (``study/_replay``): every process of the config pays it.
+    build_seconds: Optional[float] = None
+    # The verdict this config earns on evidence of at least a share of the space's length, by share
+    # ({0.5: "equivalent"}: ``unchecked`` below half the length, ``equivalent`` from it); None: its
+    # ``accuracy_loss`` decides at any length.
+    verdict_at: Optional[dict[float, str]] = None
 
 
 def _key(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, default=str)
+
+
+def _no_constant(name: str) -> Any:
+    """JSON's non-standard ``Infinity``, ``-Infinity`` and ``NaN``: no measurement a table records."""
+    raise ValueError(f"{name} is not a measurement (a table's numbers are finite)")
 
 
 class ReplayTable:
@@ -129,6 +141,9 @@ class ReplayTable:
             for n in self.names:
                 values[n].setdefault(json.dumps(row.params[n], sort_keys=True), row.params[n])
         self.values = {n: _sorted(list(v.values())) for n, v in values.items()}
+        # A whole study's settings, from a line {"study": {...}} (``study/_replay``): the baseline's params,
+        # the space's samples, the setup's seconds, a process's build seconds where a row records none.
+        self.study: dict[str, Any] = {}
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "ReplayTable":
@@ -144,25 +159,37 @@ class ReplayTable:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise TableError(f"{path}: not UTF-8 text (byte {exc.start}); a table is JSON Lines") from None
-        rows, seen = [], set()
+        rows, seen, study = [], set(), {}
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                rows.append(_parse_row(json.loads(line)))
+                data = json.loads(line, parse_constant=_no_constant)
+                if isinstance(data, dict) and set(data) == {"study"}:  # the whole study's settings
+                    if not isinstance(data["study"], dict):
+                        raise ValueError("'study' is an object of the study's settings")
+                    study = data["study"]
+                    continue
+                rows.append(_parse_row(data))
+            except RecursionError:
+                raise TableError(f"{path}:{number}: nested too deeply") from None
             except (ValueError, TypeError, KeyError) as exc:
-                raise TableError(f"{path}:{number}: {exc}") from None
+                raise TableError(f"{path}:{number}: {str(exc)[:300]}") from None
             key = _key(rows[-1].params)
             if key in seen:
                 raise TableError(f"{path}:{number}: the config {rows[-1].params} appears twice")
             seen.add(key)
-        return cls(rows, name=path.stem)
+        table = cls(rows, name=path.stem)
+        table.study = study
+        return table
 
     def without_diagnosis(self) -> "ReplayTable":
         """The same table with the diagnosis fields removed (``DIAGNOSIS_FIELDS``: the input wait and the probes'
         rates), as a study records when its ``train_fn`` times its own loop or the probes cannot run."""
         rows = [dataclasses.replace(row, **{f: None for f in DIAGNOSIS_FIELDS}) for row in self._rows.values()]
-        return ReplayTable(rows, name=self.name)
+        table = ReplayTable(rows, name=self.name)
+        table.study = self.study
+        return table
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -213,8 +240,9 @@ MEASUREMENT_FIELDS = frozenset({
     "status", "state", "throughput", "value", "error", "peak_memory_gib", "accuracy_loss", "trial_seconds",
     "compile_seconds", "data_wait_fraction", "loader_rate", "step_rate", "window_throughputs", "step_ms",
     "warmup_s", "compile_s", "scaler_skips", "sm_clock_mhz", "power_w", "seconds", "number", "datetime_start",
-    "datetime_complete", "duration", "values", "metric",
+    "datetime_complete", "duration", "values", "metric", "build_seconds", "verdict_at", "role",
 })
+VERDICT_WORDS = ("equivalent", "unchecked", "degraded", "diverged")
 OPTUNA_PREFIXES = ("params_", "user_attrs_", "system_attrs_", "constraints")
 CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialConfig))
 
@@ -263,14 +291,38 @@ def _parse_row(data: Any) -> TableRow:
         if name == "data_wait_fraction" and value is not None and value > 1:
             raise ValueError(f"data_wait_fraction is a share of the timed windows, 0 to 1, not {value}")
         seconds[name] = float(value) if value is not None else None
+    build = _field(data, "build_seconds")
+    if build is not None and (not isinstance(build, (int, float)) or isinstance(build, bool) or build < 0):
+        raise ValueError("build_seconds must be a number >= 0")
     return TableRow(
         params=params,
         status=status,
         throughput=float(throughput) if throughput is not None else None,
         peak_memory_gib=_field(data, "peak_memory_gib"),
         accuracy_loss=_field(data, "accuracy_loss"),
+        build_seconds=float(build) if build is not None else None,
+        verdict_at=_verdicts(_field(data, "verdict_at")),
         **seconds,
     )
+
+
+def _verdicts(value: Any) -> Optional[dict[float, str]]:
+    """``verdict_at`` of a row: shares of the length (0 to 1, as text keys) to verdicts."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise ValueError("verdict_at is an object of shares of the length (0 to 1) to verdicts")
+    out = {}
+    for share, verdict in value.items():
+        try:
+            number = float(share)
+        except (TypeError, ValueError):
+            raise ValueError(f"verdict_at: {share!r} is no share of the length (0 to 1)") from None
+        if not 0 <= number <= 1 or verdict not in VERDICT_WORDS:
+            raise ValueError(f"verdict_at: {share!r}: {verdict!r} needs a share 0 to 1 and one of "
+                             f"{', '.join(VERDICT_WORDS)}")
+        out[number] = verdict
+    return dict(sorted(out.items()))
 
 
 def _status(recorded: Any, measured: bool) -> str:

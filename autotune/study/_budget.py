@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 # Seconds kept back at the end of a budgeted study for what follows the race: the diagnosis, the plots and
 # best_config.json (2-3 s on a 2-core CPU with plots, 2-5 s on the H200 host). A short budget keeps back its
@@ -38,13 +38,15 @@ class StudyClock:
     budget_seconds: Optional[float] = None
     started: float = field(default_factory=time.monotonic)
     seconds: dict[str, float] = field(default_factory=dict)
+    # The clock it reads: the machine's, or a replay's (``study/_replay``), whose seconds are charged.
+    now: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
 
     @property
     def budgeted(self) -> bool:
         return self.budget_seconds is not None
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.now() - self.started
 
     def left(self) -> float:
         """Seconds to the deadline (infinite without a budget)."""
@@ -78,11 +80,11 @@ class StudyClock:
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
         """Add the seconds spent inside the block to the part ``name``."""
-        begin = time.monotonic()
+        begin = self.now()
         try:
             yield
         finally:
-            self.add(name, time.monotonic() - begin)
+            self.add(name, self.now() - begin)
 
     def split(self, trial_attrs: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """Where the minutes went: see ``time_split``."""

@@ -25,8 +25,8 @@ from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import StudyClock
 from autotune.study._confirm import OUT_OF_REACH, one_round_seconds, race_seconds
-from autotune.study._planner import (BASELINE_SPEED, FIRST_FASTER, PLAN, PROBE, STOP, Decision, StudyView,
-                                     first_faster, next_action, over_budget_reason, view_of)
+from autotune.study._planner import (BASELINE_SPEED, EXTEND, FIRST_FASTER, PLAN, PROBE, SHORT_EVIDENCE, STOP, Decision,
+                                     StudyView, admit, first_faster, next_action, view_of)
 from autotune.study._probes import (PREDICTED, PREDICTED_CONFIG, LoaderProbes, drop_queued_predictions,
                                     prediction_error)
 from autotune.study._progress import _Progress
@@ -152,6 +152,11 @@ class TrialLoop:
             if decision.action == PROBE:
                 self._probe(ui)
                 continue
+            if decision.action == EXTEND:
+                assert decision.trial is not None
+                with self.clock.part("references"):  # the split counts it among the references
+                    self.references.extend(self.study, decision.trial, self._view.extension, ui)  # type: ignore[union-attr]
+                continue
             if decision.action == BASELINE_SPEED:
                 with self.clock.part("baseline_speed"):  # the split counts it among the references
                     self.references.speed_run(self.study, ui)
@@ -202,6 +207,8 @@ class TrialLoop:
         return view_of(self.study, knobs={k: v.values for k, v in self.space.knobs.items()}, n_trials=self.n_trials,
                        clock=self.clock, probes=self.probes is not None,
                        race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
+                       extend_cost=(lambda attrs, length: self.references.extension_seconds(self.study, attrs, length))
+                       if self.clock.budgeted else None,
                        probed=lambda best: best.number in self._probed or (
                            self.probes is not None and self.probes.probed(best.config)),
                        device_next=lambda best: self.probes is not None
@@ -237,8 +244,7 @@ class TrialLoop:
         if self.probes.device_trial(best.config, best.throughput, ui, incumbent_wait=wait) is not None:
             return  # not probed yet: where that trial does not win, its DataLoader variants are probed next
         self._probed.add(best.number)
-        keep = race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0
-        self.probes.run(best.config, best.throughput, ui, keep=keep, incumbent_wait=wait)
+        self.probes.run(best.config, best.throughput, ui, keep=self.view().reserve, incumbent_wait=wait)
 
     def _note_first_faster(self) -> None:
         """Record when this study first measured a feasible config faster than the baseline (``FIRST_FASTER``)."""
@@ -328,12 +334,9 @@ class TrialLoop:
             self._copy(trial, duplicate)
             return None
         if self.clock.budgeted:
-            reserve = race_seconds(study, self.top_k, self.runner.budget)
             decisive = self._decisive(trial)
-            if decisive is not None:
-                reserve = min(reserve, decisive[1])  # the planner's reason: one round of its own race is kept
             predicted = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False))).predict(config.to_dict())
-            why = over_budget_reason(predicted, usable_seconds=self.clock.usable(), race_seconds=reserve)
+            why = admit(self.view(), predicted, decisive_round=decisive[1] if decisive is not None else None)
             if why:
                 self._prune_infeasible(trial, config, why, status=OVER_BUDGET)
                 ui.ruled_out(trial.number, config, why)
@@ -495,6 +498,8 @@ class TrialLoop:
                 trial.set_user_attr("prediction_error", round(error, 4))
             trial.set_user_attr("accuracy_loss", verdict.accuracy_loss)
             record_verdict(trial, verdict.label, verdict.evidence)
+            if verdict.short_evidence is not None:  # the planner may give it longer evidence (EXTEND)
+                trial.set_user_attr(SHORT_EVIDENCE, round(verdict.short_evidence, 4))
             trial.set_constraint("failure", 0.0)
             trial.set_constraint("accuracy", verdict.constraint)
             self._record_diagnosis(trial, "COMPLETE")

@@ -15,8 +15,15 @@ likely to change the pick runs first, and gives each fixed cost a share of the b
    and a few windows, for the speed-up's denominator) waits until that first trial has run.
 3. **Probes where they can change the decision.** A loader probe runs when the fastest feasible full trial
    waits on its input: then its step is faster than its loader, and a loader variant can win.
-4. **Trials while they fit**, each predicted by the cost model, the race of the finalists kept free
-   (``over_budget_reason``); then the race, or the end. The probes' pick predicted beyond the race's reach
+4. **Longer evidence for the decisive candidate.** Where the fastest full trial could not be judged on the
+   shortened evidence the budget gave it (its verdict ``unchecked`` for that reason), whether it keeps
+   accuracy decides the pick: it and the fp32 references train a longer length (``StudyView.extension``)
+   before anything else is explored. Where that does not fit, it stays ``unchecked``, with the budget that
+   would settle it.
+5. **Trials while they fit**, each predicted by the cost model, the race of the finalists kept free
+   (``admit``) once a full trial faster than the baseline exists (``StudyView.reserve``): before that there
+   is nothing worth racing, and a reservation would only keep the likeliest answer from running; then the
+   race, or the end. The probes' pick predicted beyond the race's reach
    (``StudyView.decisive_seconds``) needs only one round of its own race against the baseline kept free: raced,
    the finalists of now would be out of its reach, and the whole race's reservation would keep the slower answer.
 
@@ -33,7 +40,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from optuna.trial import TrialState
 
-from autotune._records import BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials
+from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, SUPERSEDED, _best_record,
+                               _budget_trials)
 from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS
 from autotune.study._budget import MIN_RUN_S, StudyClock
 
@@ -45,12 +53,18 @@ REFERENCE_SHARE = 0.2
 PLAN = "plan"  # study attribute: the planner's decisions, in order ({"at", "action", "reason"})
 FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial faster than the baseline
 
-REFERENCE, TRIAL, PROBE, STOP = "reference", "trial", "probe", "stop"
+REFERENCE, TRIAL, PROBE, STOP, EXTEND = "reference", "trial", "probe", "stop", "extend"
 BASELINE_SPEED = "baseline-speed"
 RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
-__all__ = ["BASELINE_SPEED", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON", "STOP",
-           "TRIAL", "Decision", "StudyView", "first_faster", "full_length_budget", "next_action", "over_budget_reason",
-           "probes_why", "reference_seconds", "step_levers", "view_of"]
+__all__ = ["BASELINE_SPEED", "EXTEND", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON",
+           "SHORT_EVIDENCE", "STOP", "TRIAL", "Decision", "Extension", "StudyView", "admit", "extension_candidate",
+           "faster_candidate", "first_faster", "full_length_budget", "next_action", "over_budget_reason", "probes_why",
+           "reference_seconds", "step_levers", "view_of"]
+# Trial attribute: the verdict is ``unchecked`` because the evidence the budget shortened could not tell (the
+# pairing with fp32 decayed and the seeds' band sees no harm): its value is the fraction of the space's length
+# the evidence had. ``EXTENDED``: the fraction the trial's longer evidence trained (``EXTEND``).
+SHORT_EVIDENCE = "short_evidence"
+EXTENDED = "extended_evidence"
 
 
 @dataclass(frozen=True)
@@ -58,17 +72,39 @@ class Decision:
     """What runs next and why.
 
     Args:
-        action: ``reference``, ``baseline-speed``, ``trial``, ``probe`` or ``stop``.
+        action: ``reference``, ``baseline-speed``, ``trial``, ``probe``, ``extend`` or ``stop``.
         reason: One sentence for the progress line, the study note and the ``PLAN`` record.
-        seconds: A reference's time share, when the budget sets one.
+        seconds: A reference's time share, when the budget sets one; what an ``extend`` costs.
+        trial: The trial an ``extend`` decision lengthens the evidence of.
     """
 
     action: str
     reason: str
     seconds: Optional[float] = None
+    trial: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Extension:
+    """Longer evidence for the decisive candidate: the trial, and what a run of it and of the references at
+    the longest length that fits costs.
+
+    Args:
+        trial: The candidate's trial number.
+        throughput: Its trial's throughput.
+        fraction: The share of the space's length its evidence trained.
+        seconds: What its longer run and the fp32 references at that length are predicted to cost.
+        length: The share of the space's length that run would train (at most 1).
+    """
+
+    trial: int
+    throughput: float
+    fraction: float
+    seconds: float = math.inf
+    length: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +135,10 @@ class StudyView:
         decisive_seconds: Where the next queued trial is the probes' pick, predicted to outrun the best so
             far by more than the race's reach (``_confirm.OUT_OF_REACH``): its predicted seconds with one round
             of a race of it and the baseline. None otherwise.
+        faster_found: A feasible full trial (not a reference run) faster than the baseline exists: only then is
+            the race's time kept free (``reserve``).
+        extension: The fastest full trial, ``unchecked`` on evidence the budget shortened, not yet given
+            longer evidence (``EXTEND``); None otherwise.
     """
 
     references_done: int = 0
@@ -119,7 +159,15 @@ class StudyView:
     budget_seconds: Optional[float] = None
     baseline_speed_pending: bool = False
     decisive_seconds: Optional[float] = None
+    faster_found: bool = False
+    extension: Optional[Extension] = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reserve(self) -> float:
+        """The seconds kept free for the race of the finalists: none until a candidate faster than the
+        baseline exists, for until then there is nothing worth racing."""
+        return self.race_seconds if self.faster_found else 0.0
 
 
 def reference_seconds(budget_seconds: Optional[float], repeats: int) -> Optional[float]:
@@ -155,7 +203,7 @@ def next_action(view: StudyView) -> Decision:
                     f"references): a longer run trains fewer samples, and so does every trial")
         return Decision(REFERENCE, why, seconds=share)
     spent = view.finished >= view.n_trials and not view.retries
-    fits = view.usable_seconds >= MIN_RUN_S + view.race_seconds
+    fits = view.usable_seconds >= MIN_RUN_S + view.reserve
     if view.baseline_speed_pending and (view.full_trials >= 1 or spent) and fits:
         return Decision(BASELINE_SPEED, "the baseline's own speed, with its own loader (the references ran with "
                                         "the prior point's): timed after the first full trial, not before it")
@@ -169,10 +217,20 @@ def next_action(view: StudyView) -> Decision:
                                f"place ({view.decisive_seconds:.0f} s with one round of its race against the "
                                f"baseline, of {max(0.0, view.usable_seconds):.0f} s left)")
     if not fits:
+        if not view.faster_found:
+            return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, too little "
+                                  f"for another run")
         return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
-                              f"the finalists needs {view.race_seconds:.0f} s")
+                              f"the finalists needs {view.reserve:.0f} s")
     if view.retries:
         return Decision(TRIAL, RETRY_REASON)
+    extension = view.extension
+    if extension is not None and extension.seconds + view.reserve <= view.usable_seconds:
+        return Decision(EXTEND, f"trial #{extension.trial} is the fastest ({extension.throughput:,.0f}/s), but its "
+                                f"evidence ({extension.fraction:.0%} of the length) could not tell whether it keeps "
+                                f"accuracy: it and the fp32 references train {extension.length:.0%} of the length "
+                                f"({extension.seconds:.0f} s) before anything else is explored",
+                        seconds=extension.seconds, trial=extension.trial)
     if view.waiting:
         return Decision(TRIAL, "a queued trial runs next (the probes' pick, or a retry)")
     best = view.best
@@ -204,7 +262,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
             probes: bool = True, probed: Callable[[Any], bool] = lambda record: False,
             device_next: Callable[[Any], bool] = lambda record: False,
             references_done: int = 2, reference_repeats: int = 2,
-            decisive: Callable[[Any], Optional[float]] = lambda trial: None) -> StudyView:
+            decisive: Callable[[Any], Optional[float]] = lambda trial: None,
+            extend_cost: Optional[Callable[[Mapping[str, Any], float], float]] = None) -> StudyView:
     """The planner's view of an Optuna study (a running one, or one recorded earlier).
 
     Args:
@@ -214,6 +273,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         probed: Whether the probes of a ``TrialRecord`` (the incumbent) ran already.
         device_next: Whether the incumbent's device-resident-loader variant is offered and untried.
         decisive: A queued trial's ``StudyView.decisive_seconds`` (None where it is no decisive pick).
+        extend_cost: What longer evidence for a trial (its attributes) at a share of the space's length costs:
+            its run and the fp32 references' at that length. None: no extension is planned (no budget).
     """
     trials = study.get_trials(deepcopy=False)
     best = _best_record(study)
@@ -224,6 +285,14 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
     waiting = sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number)
     # Ours carry ``retry_of``; Optuna's heartbeat callback's, ``failed_trial`` among the system attributes.
     retries = sum(1 for t in waiting if "retry_of" in t.user_attrs or "failed_trial" in t.system_attrs)
+    superseded = set(study.user_attrs.get(SUPERSEDED) or ())
+    complete = [{**t.user_attrs, "number": t.number} for t in trials
+                if t.state == TrialState.COMPLETE and t.number not in superseded]
+    base_rate = float(study.user_attrs.get("baseline_throughput") or 0.0)
+    faster = faster_candidate(complete, base_rate)
+    reserve = race if faster is not None else 0.0
+    extension = extension_candidate(complete, base_rate, usable_seconds=clock.usable() - reserve,
+                                    cost=extend_cost) if extend_cost is not None else None
     return StudyView(
         references_done=references_done, reference_repeats=reference_repeats, full_trials=len(full), best=attrs,
         best_is_reference=attrs is not None and attrs.get("role") == "reference", step_levers=step_levers(knobs),
@@ -232,15 +301,66 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         finished=len(_budget_trials(study, (TrialState.COMPLETE, TrialState.PRUNED))) + retries, n_trials=n_trials,
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
         baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)),
-        decisive_seconds=decisive(waiting[0]) if waiting else None)
+        decisive_seconds=decisive(waiting[0]) if waiting else None, faster_found=faster is not None,
+        extension=extension)
+
+
+def _judged_feasible(attrs: Mapping[str, Any]) -> bool:
+    return (attrs.get("status") == "ok" and attrs.get("duplicate_of") is None
+            and attrs.get("accuracy_verdict") in (None, "equivalent", "unchecked"))
+
+
+def faster_candidate(trials: Sequence[Mapping[str, Any]], baseline_throughput: float) -> Optional[Mapping[str, Any]]:
+    """The fastest feasible full trial (not a reference run) faster than the baseline, or None: what makes a
+    race worth keeping time for."""
+    found = [a for a in trials if a.get("role") != "reference" and _judged_feasible(a)
+             and baseline_throughput > 0 and (a.get("throughput") or 0.0) > baseline_throughput]
+    return max(found, key=lambda a: a.get("throughput") or 0.0) if found else None
+
+
+# The lengths (shares of the space's) longer evidence is tried at, longest first: the first that fits runs.
+EXTENSION_LENGTHS = (1.0, 0.75, 0.5)
+# Longer evidence must train at least this many times the samples the candidate's did: less tells little more.
+EXTENSION_GAIN = 1.5
+
+
+def extension_candidate(trials: Sequence[Mapping[str, Any]], baseline_throughput: float, *, usable_seconds: float,
+                        cost: Callable[[Mapping[str, Any], float], float]) -> Optional[Extension]:
+    """The decisive accuracy question, if there is one: the fastest full trial faster than the baseline is
+    ``unchecked`` because its shortened evidence could not tell (``SHORT_EVIDENCE``) and was not lengthened
+    yet. Its ``Extension`` at the longest length of ``EXTENSION_LENGTHS`` that fits ``usable_seconds``
+    (``seconds`` infinite where none does, so the planner does not run it)."""
+    candidate = faster_candidate(trials, baseline_throughput)
+    if candidate is None or candidate.get("accuracy_verdict") != "unchecked" or EXTENDED in candidate:
+        return None
+    fraction = candidate.get(SHORT_EVIDENCE)
+    if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        return None
+    number, rate = int(candidate["number"]), float(candidate.get("throughput") or 0.0)
+    for length in EXTENSION_LENGTHS:
+        if length < EXTENSION_GAIN * fraction:
+            break
+        seconds = cost(candidate, length)
+        if seconds <= usable_seconds:
+            return Extension(trial=number, throughput=rate, fraction=fraction, seconds=seconds, length=length)
+    return Extension(trial=number, throughput=rate, fraction=fraction)
+
+
+def admit(view: StudyView, predicted_seconds: float, *, decisive_round: Optional[float] = None) -> str:
+    """Why a proposed full trial is not run, or "": its predicted seconds and what the race needs kept free
+    (``StudyView.reserve``; for the probes' decisive pick, one round of its own race against the baseline)
+    must fit the seconds left."""
+    reserve = view.reserve if decisive_round is None else min(view.reserve, decisive_round)
+    return over_budget_reason(predicted_seconds, usable_seconds=view.usable_seconds, race_seconds=reserve)
 
 
 def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float) -> str:
     """Why a proposed full trial is not run (its predicted seconds and the race do not fit), or ""."""
     if predicted_seconds + race_seconds <= usable_seconds:
         return ""
+    race = f" and the race of the finalists {race_seconds:.0f} s" if race_seconds > 0 else ""
     return (f"not run: the study's budget had {max(0.0, usable_seconds):.0f} s left, this trial needs about "
-            f"{predicted_seconds:.0f} s and the race of the finalists {race_seconds:.0f} s")
+            f"{predicted_seconds:.0f} s{race}")
 
 
 def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float,

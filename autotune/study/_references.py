@@ -18,6 +18,7 @@ import optuna
 from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome, bin_means
 from autotune._errors import StudyError, WorkloadError
 from autotune._records import (
+    SUPERSEDED,
     BASELINE_SPEED_PENDING,
     BATCH_REFERENCE,
     BATCH_REFERENCE_BAND,
@@ -27,8 +28,9 @@ from autotune._records import (
 )
 from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
+from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._confirm import speed_budget
-from autotune.study._planner import full_length_budget, reference_seconds
+from autotune.study._planner import (EXTENDED, SHORT_EVIDENCE, Extension, full_length_budget, reference_seconds)
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
@@ -326,6 +328,82 @@ class References:
                             metric_direction=self.options.metric_direction, metric_reference=same_seed,
                             loss_every=measurement.loss_every, extras=measurement.extras)
 
+    def _full_samples(self, study: optuna.Study) -> int:
+        """The space's length: what the references trained before their share shortened them."""
+        shortened = study.user_attrs.get("references_shortened")
+        full = shortened.get("from_samples") if isinstance(shortened, dict) else None
+        return int(full) if isinstance(full, (int, float)) and full > 0 else self.runner.budget.samples
+
+    def _extended_samples(self, study: optuna.Study, config: TrialConfig, length: float) -> int:
+        batch = config.global_batch_size
+        return max(batch, int(length * self._full_samples(study)) // batch * batch)
+
+    def extension_seconds(self, study: optuna.Study, attrs: Any, length: float) -> float:
+        """What longer evidence for a trial (its attributes) at ``length`` of the space's length is predicted
+        to cost: its run and the fp32 references' at that length (``_planner.EXTEND``)."""
+        config = TrialConfig.from_dict(attrs["config"])
+        samples = self._extended_samples(study, config, length)
+        model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+        reference = self._reference_of(self._baseline)
+        rates = study.user_attrs.get("reference_throughputs") or [study.user_attrs.get("baseline_throughput")]
+        return (model.predict(config.to_dict(), rate=attrs.get("throughput") or None, samples=samples)
+                + self.options.reference_repeats * model.predict(reference.to_dict(), rate=rates[0] or None,
+                                                                 samples=samples))
+
+    def extend(self, study: optuna.Study, number: int, extension: Extension, ui: _Progress) -> None:
+        """Longer evidence for trial ``number``, whose shortened evidence could not tell (``_planner.EXTEND``):
+        the fp32 references and its config train ``extension.length`` of the space's length, and it is
+        judged against them. A trial of the same config records that run and its verdict, and the old one is
+        superseded (``SUPERSEDED``), so the study's pick reads the longer evidence, whatever it says."""
+        old = study.trials[number]
+        config = TrialConfig.from_dict(old.user_attrs["config"])
+        samples = self._extended_samples(study, config, extension.length)
+        full = self._full_samples(study)
+        saved = self.runner.budget
+        self.runner.budget = dataclasses.replace(saved, samples=samples, seconds=None)
+        why, measurements, outcome = "", [], None
+        try:
+            _, runs = self._runs(self._reference_of(self._baseline), f"reference-extended-{number}",
+                                 f" on longer evidence ({samples:,} samples)", ui)
+            measurements = [o.measurement for _, o in runs if o.ok and o.measurement is not None]
+            if len(measurements) < len(runs) or not measurements:
+                why = f"its fp32 reference failed ({runs[-1][1].status}: {runs[-1][1].error or 'no detail'})"
+            else:
+                ui.status(f"longer evidence: #{number} {config.describe()} ({samples:,} samples)")
+                outcome = self.runner.run(config, f"extended-{number}", seed=self.seed,
+                                          timeout=self.clock.cap(self.runner.timeout))
+                if not outcome.ok or outcome.measurement is None:
+                    why = f"its run failed ({outcome.status}: {outcome.error or 'no detail'})"
+        finally:
+            self.runner.budget = saved
+        attrs = {**old.user_attrs, EXTENDED: round(samples / full, 4), "extension_of": number,
+                 "extended_samples": samples}
+        attrs.pop(SHORT_EVIDENCE, None)
+        values, feasible = list(old.values), True
+        if why:
+            attrs["accuracy_evidence"] = f"{old.user_attrs.get('accuracy_evidence', '')}; longer evidence: {why}"
+        else:
+            assert outcome is not None and outcome.measurement is not None
+            m, band = outcome.measurement, ReferenceBand.of_measurements(measurements)
+            judged = {**study.user_attrs, REFERENCE_BAND: band.to_dict(), "reference_metric": measurements[0].metric,
+                      "references_shortened": {"samples": samples, "from_samples": full} if samples < full else None}
+            verdict = judge_stored(judged, config, m.losses, m.metric,
+                                   baseline_global_batch=self._baseline.global_batch_size,
+                                   max_accuracy_loss=self.options.max_accuracy_loss,
+                                   metric_direction=self.options.metric_direction, loss_every=m.loss_every,
+                                   extras=m.extras)
+            attrs.update(accuracy_verdict=verdict.label, accuracy_loss=verdict.accuracy_loss,
+                         accuracy_evidence=f"on longer evidence ({samples:,} of {full:,} samples): {verdict.evidence}")
+            if verdict.short_evidence is not None:
+                attrs[SHORT_EVIDENCE] = round(verdict.short_evidence, 4)
+            values, feasible = [old.values[0], verdict.accuracy_loss], verdict.feasible
+            ui.say(f"  longer evidence for #{number}: {verdict.label} ({samples:,} of {full:,} samples)")
+        study.add_trial(optuna.trial.create_trial(
+            params=old.params, distributions=old.distributions, values=values, user_attrs=attrs,
+            system_attrs={**old.system_attrs, "constraints:failure": 0.0,
+                          "constraints:accuracy": -1.0 if feasible else 1.0}))
+        study.set_user_attr(SUPERSEDED, [*(study.user_attrs.get(SUPERSEDED) or []), number])
+
     def blind_reasons(self, study: optuna.Study) -> list[str]:
         """Why the study's accuracy check cannot see harm, if it cannot (from the baseline's references)."""
         return _stored_band(study.user_attrs).blind_reasons(self.options.max_accuracy_loss)
@@ -365,10 +443,23 @@ def judge_stored(attrs: dict[str, Any], config: TrialConfig, losses: Sequence[fl
     verdict = judge(losses, metric, band, reference_metric=reference_metric, max_accuracy_loss=max_accuracy_loss,
                     metric_direction=metric_direction,
                     baseline_metric=attrs.get("reference_metric") if own_batch else None, loss_every=loss_every,
-                    pairing=fingerprints(extras or {}) if same_steps else None, precision=config.precision)
+                    pairing=fingerprints(extras or {}) if same_steps else None, precision=config.precision,
+                    shortened=evidence_share(attrs))
     if note:
         return Verdict(verdict.label, f"{verdict.evidence} ({note})", verdict.accuracy_loss, verdict.constraint)
     return verdict
+
+
+def evidence_share(attrs: dict[str, Any]) -> Optional[float]:
+    """The share of the space's length the references (and so every trial) trained, where the budget shortened
+    them; None at the full length."""
+    shortened = attrs.get("references_shortened")
+    if not isinstance(shortened, dict):
+        return None
+    samples, full = shortened.get("samples"), shortened.get("from_samples")
+    if not isinstance(samples, (int, float)) or not isinstance(full, (int, float)) or not 0 < samples < full:
+        return None
+    return samples / full
 
 
 def _stored_band(attrs: dict[str, Any]) -> ReferenceBand:

@@ -374,6 +374,8 @@ class Verdict:
     evidence: str
     accuracy_loss: float = 0.0  # in metric units (0 without a metric)
     constraint: float = -1.0
+    # ``unchecked`` because evidence the budget shortened could not tell: the share of the length it had.
+    short_evidence: Optional[float] = None
 
     @property
     def feasible(self) -> bool:
@@ -390,7 +392,8 @@ def metric_loss(reference: Optional[float], metric: Optional[float], direction: 
 def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand, *, reference_metric: Optional[float],
           max_accuracy_loss: float, metric_direction: str = "maximize",
           baseline_metric: Optional[float] = None, loss_every: int = 1,
-          pairing: Optional[dict[str, list[float]]] = None, precision: str = "fp32") -> Verdict:
+          pairing: Optional[dict[str, list[float]]] = None, precision: str = "fp32",
+          shortened: Optional[float] = None) -> Verdict:
     """Judge one trial against the fp32 references at its global batch.
 
     A check whose reference is blind (``ReferenceBand.loss_blind_reason``, ``metric_blind_reason``) can
@@ -411,12 +414,18 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         pairing: The trial's fingerprints (``fingerprints`` of its extras) when it ran at the seed of the
             first reference; None for another seed. Paired, the loss is judged step by step.
         precision: The trial's precision: an fp32 trial's first loss must match the reference's exactly.
+        shortened: The share of the space's length the evidence trained, where a study's budget shortened it
+            (None at the full length). A decayed pairing whose difference is above the margin, on such
+            evidence, while the seeds' band sees no harm, cannot tell: the verdict is ``unchecked`` (with
+            ``short_evidence``), not ``degraded``, and longer evidence can settle it (``_planner.EXTEND``). At
+            the full length the same evidence stays ``degraded``: it is all the space asks for.
     """
     trial = LossSummary.of(losses)
     parts: list[str] = []
     excesses: list[float] = []
     label = "equivalent"
     vouched = False
+    undecided: Optional[float] = None  # the share of the length of shortened evidence that could not tell
     if trial is not None and not trial.finite:
         return Verdict("diverged", "the training loss became non-finite", math.inf, 1.0)
     if trial is not None and band.has_losses:
@@ -447,7 +456,13 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
             where = (f"paired with the fp32 run at its seed, loss higher by {mean:+.3g} over the last "
                      f"{points * loss_every} steps (95% upper bound {upper:.3g} {'>' if upper > margin else '<='} "
                      f"margin {margin:.3g}{floored})")
-            if upper > margin:
+            if upper > margin and decayed and shortened is not None and excess <= tol:
+                # Shortened, decayed and inside the seeds' band: this length cannot tell chaos from harm.
+                excesses[-1] = excess - tol
+                undecided = shortened
+                parts.append(f"{where}; {decayed}; within the seeds' band on evidence shortened to {shortened:.0%} "
+                             "of the length, which cannot tell: longer evidence settles it")
+            elif upper > margin:
                 # Decayed, a difference above the margin may be chaos as much as harm, but it is not shown
                 # equivalent either, and the band cannot clear it: a harm that adds noise decays the pairing
                 # too (bf16 at the planted offset 256), and the band missed it at 5 of 20 seeds.
@@ -490,6 +505,8 @@ def judge(losses: Sequence[float], metric: Optional[float], band: ReferenceBand,
         vouched = False
     if not excesses:
         return Verdict("unchecked", "; ".join(parts + ["no metric was reported: nothing to compare"]), 0.0, -1.0)
+    if label == "equivalent" and undecided is not None:
+        return Verdict("unchecked", "; ".join(parts), loss or 0.0, min(0.0, max(excesses)), short_evidence=undecided)
     if label == "equivalent" and not vouched:
         label = "unchecked"
     return Verdict(label, "; ".join(parts), loss or 0.0, max(excesses))
