@@ -46,6 +46,23 @@ def load_study_result(study_name: str, *, storage: Optional[str] = None,
     return study, summarize_study(study, storage_url=url)
 
 
+def _best_config_document(path: Path) -> dict[str, Any]:
+    """The mapping a ``best_config.json`` holds.
+
+    Raises:
+        StudyError: it cannot be read, is torn or nested too deeply, or is not a mapping; one line.
+    """
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise StudyError(f"{path}: not a best_config.json (nested too deeply)") from None
+    except (OSError, ValueError) as exc:
+        raise StudyError(f"{path}: not a best_config.json ({str(exc)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise StudyError(f"{path}: not a best_config.json (a {type(doc).__name__}, not a mapping)")
+    return doc
+
+
 def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
               studies_dir: Union[str, Path] = DEFAULT_STUDIES_DIR) -> TrialConfig:
     """The config to train with, from a study's ``best_config.json`` or from the storage: its pick when that
@@ -61,19 +78,19 @@ def load_best(study_or_path: Union[str, Path], *, storage: Optional[str] = None,
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
             raise StudyError(f"{path}: no such file")
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise StudyError(f"{path}: not a best_config.json ({exc})") from None
+        doc = _best_config_document(path)
         if not doc.get("config"):
             raise StudyError(f"{path}: the study found no feasible config")
-        baseline = (doc.get("baseline") or {}).get("config")
-        if doc.get("faster") is False and "keep_baseline" not in doc and baseline:
-            return TrialConfig.from_dict(baseline)  # a file written before keep_baseline: its config may be slower
-        return TrialConfig.from_dict(doc["config"])
+        baseline = doc.get("baseline").get("config") if isinstance(doc.get("baseline"), dict) else None
+        try:  # every value against its knob's: a mistyped "bf-16" would train fp32 under that label
+            if doc.get("faster") is False and "keep_baseline" not in doc and baseline:
+                return TrialConfig.from_dict(baseline)  # a file written before keep_baseline: its config may be slower
+            return TrialConfig.from_dict(doc["config"])
+        except (TypeError, ValueError) as exc:
+            raise StudyError(f"{path}: not a config autotune can train ({exc})") from None
     json_path = study_dir(str(study_or_path), Path(studies_dir)) / "best_config.json"
     if storage is None and json_path.is_file():
-        doc = json.loads(json_path.read_text(encoding="utf-8"))
+        doc = _best_config_document(json_path)
         if doc.get("study") != str(study_or_path):
             raise StudyError(f"{json_path} belongs to study {doc.get('study')!r}, not {str(study_or_path)!r}; "
                              "pass the file's path, or the study's --storage")

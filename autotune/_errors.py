@@ -50,5 +50,14 @@ def printable(text: str) -> str:
     return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
 
 
+ERROR_CHARS = 2000  # the most of an error's text one line prints: a value quoted in it may be any size
+
+
+def one_line(text: str, limit: int = ERROR_CHARS) -> str:
+    """``printable(text)`` cut to ``limit`` characters, saying how many it left out."""
+    text = printable(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
 __all__ = ["AutotuneError", "InstallError", "KnobError", "MissingExtraError", "ReportError", "SpaceError", "StudyError", "TableError",
            "WorkloadError"]

@@ -554,12 +554,13 @@ def _spaces(args: argparse.Namespace) -> int:
     if not paths:
         raise AutotuneError(f"no built-in search spaces in {SPACES_DIR}: this installation of autotune is "
                             "incomplete (its wheel ships them as package data); reinstall it")
+    from autotune._errors import one_line
     failed = 0
     for path in paths:
         try:
             space = load_space(path)
         except AutotuneError as exc:
-            print(f"invalid  {exc}", file=sys.stderr)
+            print(f"invalid  {one_line(str(exc))}", file=sys.stderr)  # it may quote a value of any size
             failed += 1
             continue
         policy = f"fixed at global batch {space.global_batch}" if space.batch_policy == "fixed" else "scale"
@@ -802,13 +803,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 sys.argv = own
             return 130 if done.interrupted else 0 if all(r.status in ("ok",) for r in done.runs.values()) else 1
         if args.command == "spaces":
+    from autotune._errors import one_line  # printable, and bounded: an error may quote a value of any size
             return _spaces(args)
         if args.command == "dashboard":
             return _dashboard(args)
         if args.command == "simulate":
             return _simulate(args)
     except AutotuneError as exc:
-        print(f"autotune: error: {printable(str(exc))}", file=sys.stderr)  # it may quote a trial's exception
+        print(f"autotune: error: {one_line(str(exc))}", file=sys.stderr)  # it may quote a trial's exception
         return 1
     except OSError as exc:  # a folder that cannot be written (read-only, a file in the way, a full disk)
         import errno
@@ -816,7 +818,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         full = ("; the disk is full: free space on it, then rerun the same command to resume"
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "")
-        print(f"autotune: error: {printable(f'{where}{exc.strerror or exc}{full}')}", file=sys.stderr)
+        print(f"autotune: error: {one_line(f'{where}{exc.strerror or exc}{full}')}", file=sys.stderr)
         return 1
     except Exception as exc:  # a storage on a full disk or a damaged file fails deep inside Optuna
         from autotune.study._storage import default_storage_url, storage_failure
@@ -827,7 +829,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         failure = storage_failure(exc, url)
         if failure is None:
             raise
-        print(f"autotune: error: {printable(str(failure))}", file=sys.stderr)
+        print(f"autotune: error: {one_line(str(failure))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         _signals.settled()  # the loop has recorded the trial: a Ctrl-C from here on only ends the exit

@@ -162,3 +162,111 @@ def test_autotune_train_writes_train_json_where_it_says_when_the_script_changes_
     assert (tmp_path / "studies/train/train.json").is_file()  # before: under elsewhere/, printed as studies/...
     assert not (tmp_path / "elsewhere" / "studies").exists()
     assert f"Written to {tmp_path / 'studies/train/train.json'}" in proc.stdout, proc.stdout
+
+
+# -- 5: a YAML alias bomb is refused before it expands, and error lines are bounded ---------------------------
+
+# Nine levels of nine aliases: about 700 bytes that expand to 9**9 (387 million) strings.
+ALIAS_BOMB = "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n" + "".join(
+    f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("where", ["knobs", "description", "config"])
+def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, where):
+    bomb = ALIAS_BOMB
+    if where == "knobs":
+        bomb += "knobs:\n  precision: *i\n"
+    elif where == "description":
+        bomb += "description: *i\nknobs:\n  num_workers: [0]\n"
+    else:
+        bomb += "precision: *i\n"
+    assert len(bomb) < 1000
+    path = tmp_path / ("c.yaml" if where == "config" else "space.yaml")
+    path.write_text(bomb)
+    args = (["train", f"{HERE / 'workloads.py'}:train_tiny", "--steps", "1", "--config", str(path)] if where == "config"
+            else ["spaces", str(path)])
+    started = time.monotonic()
+    proc = _autotune(*args, timeout=60)  # before: 59 s and 12.4 GB, then a 2.1 GB error line
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr[:2000]
+    assert "found an alias (*a); aliases are not accepted" in proc.stderr and len(proc.stderr) < 500, proc.stderr
+
+
+def test_an_error_that_quotes_a_huge_value_prints_a_bounded_line(tmp_path, capsys):
+    from autotune._errors import ERROR_CHARS
+    from autotune.cli import main
+
+    (tmp_path / "space.yaml").write_text("knobs:\n  precision: ['" + "x" * 1_000_000 + "']\n")
+    assert main(["spaces", str(tmp_path / "space.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < ERROR_CHARS + 200 and "more characters" in err, len(err)
+
+
+# -- 6 and 11: every config read from a file is checked against the knobs' values, in one line --------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("config, says", [
+    ('{"precision": "bf-16"}', "precision: 'bf-16' is not one of fp32, tf32, fp16, bf16, fp8"),
+    ('{"config": {"precision": "fp64"}, "study": "s"}', "precision: 'fp64' is not one of"),
+    ('{"batch_size": 0}', "batch_size: 0 is not a positive integer"),
+    ('{"batch_size": "64"}', "batch_size: '64' is not an integer"),
+    ('{"batch_size": 1.5}', "batch_size: 1.5 is not an integer"),
+    ('{"batch_size": [[[8]]]}', "batch_size: is a list, not a single value"),
+    ('{"config": {"batch_size": 8, "learning_rate": 0.1}}', "unknown config keys: learning_rate"),
+    (DEEP, "nested too deeply"),
+    ('{"config": {"batch_size": 8}, "baseline": [1]}', "its baseline and measurement are mappings"),
+])
+def test_train_refuses_a_config_file_the_knobs_do_not_take_in_one_line(tmp_path, capsys, config, says):
+    from autotune.cli import main
+
+    (tmp_path / "c.json").write_text(config)
+    # Before: "bf-16" and "fp64" trained fp32 under that label; the others were tracebacks.
+    assert main(["train", f"{HERE / 'workloads.py'}:train_tiny", "--steps", "1", "--config", str(tmp_path / "c.json"),
+                 "--studies-dir", str(tmp_path / "studies")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err[:2000]
+    assert not (tmp_path / "studies").exists()
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"config": {"precision": "bf-16", "batch_size": 8}, "study": "s"}', "precision: 'bf-16' is not one of"),
+    ("[1, 2]", "a list, not a mapping"),
+    ('{"config": {"batch_size": 8}, "study": "s", "thr', "not a best_config.json (Unterminated string"),
+    (DEEP, "nested too deeply"),
+])
+def test_load_best_refuses_a_file_that_is_no_config_in_one_line(tmp_path, text, says):
+    from autotune import load_best
+    from autotune._errors import StudyError
+
+    folder = tmp_path / "studies" / "s"
+    folder.mkdir(parents=True)
+    (folder / "best_config.json").write_text(text)
+    for source in (folder / "best_config.json", "s"):  # a path, and a study name (its best_config.json)
+        with pytest.raises(StudyError) as raised:  # before: passed "bf-16" on; else a traceback
+            load_best(source, studies_dir=tmp_path / "studies")
+        assert says in str(raised.value) and "\n" not in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"params": {"batch_size": 8}, "status": "ok", "throughput": Infinity}', "Infinity is not a measurement"),
+    (DEEP, "nested too deeply"),
+])
+def test_simulate_refuses_a_table_line_that_is_no_measurement(tmp_path, capsys, line, says):
+    from autotune.cli import main
+
+    (tmp_path / "t.jsonl").write_text('{"params": {"batch_size": 16}, "status": "ok", "throughput": 10.0}\n' + line + "\n")
+    assert main(["simulate", str(tmp_path / "t.jsonl"), "--seeds", "1", "--trials", "2"]) == 1  # before: a table
+    err = capsys.readouterr().err  # of nonsense for Infinity, a traceback for the nesting
+    assert err.count("\n") == 1 and f"t.jsonl:2: {says}" in err, err[:2000]
+
+
+@pytest.mark.parametrize("kind", ["zero", "binary"])
+def test_a_storage_file_that_holds_no_url_is_read_a_bounded_way_and_refused(tmp_path, kind):
+    path = "/dev/zero" if kind == "zero" else tmp_path / "key.bin"
+    if kind == "binary":
+        path.write_bytes(bytes(range(256)) * 64)
+    proc = _autotune("best", "s", "--storage-file", str(path), timeout=60)  # before: /dev/zero read without end
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[:2000]
+    assert "its first line is no storage URL" in proc.stderr, proc.stderr

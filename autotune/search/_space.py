@@ -72,6 +72,31 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
 
 
 _LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
+def config_value_problem(name: str, value: Any) -> Optional[str]:
+    """Why ``value`` is not a value of the TrialConfig field ``name`` (one short phrase), or None.
+
+    A config read from a file (``best_config.json``, ``autotune train --config``, a replay table) is checked
+    here before it trains: a mistyped precision such as ``"bf-16"`` would otherwise train fp32 under its label.
+    The fields a study sets (``STUDY_FIELDS``) but ``global_batch`` are checked by ``TrialConfig`` itself.
+    """
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        return f"is a {type(value).__name__}, not a single value"
+    if name == "global_batch":
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+        return None if ok else f"{_short(value)} is not a positive integer"
+    if name not in KNOBS:
+        return None
+    problem = _check_value(name, value)
+    if problem is not None and len(problem) > 160:
+        problem = _short(value) + problem[len(repr(value)):]
+    return problem
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
                           "allocator", "compile_scope", *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
@@ -482,7 +507,7 @@ def parse_baseline(text: str, *, where: str = "--baseline") -> dict[str, Any]:
         if knob in values:
             raise SpaceError(f"{where}: {knob} is given twice")
         try:
-            values[knob] = yaml.safe_load(raw)
+            values[knob] = load_yaml(raw)
         except yaml.YAMLError:
             values[knob] = raw
     if not values:
@@ -762,6 +787,31 @@ def space_path(name_or_path: Union[str, Path]) -> Path:
 
 
 def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: an alias (``*name``) repeats a node without repeating its text,
+    so a file of a few hundred bytes can nest aliases into billions of values (an alias bomb) that the
+    loader builds, and an error message prints, before anything else can check them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"found an alias (*{str(event.anchor)[:40]}); aliases are not "
+                                              "accepted: write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, refusing aliases (``_NoAliasLoader``) and nesting too deep to build.
+
+    Raises:
+        yaml.YAMLError: the text does not parse, holds an alias, or nests too deeply.
+    """
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise yaml.MarkedYAMLError(problem="nested too deeply") from None
+
+
     """Load and validate a YAML search space.
 
     Raises:
@@ -779,7 +829,7 @@ def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
     except OSError as exc:
         raise SpaceError(f"{where}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

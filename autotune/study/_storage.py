@@ -116,6 +116,9 @@ def scrub_initial_environ(name: str) -> bool:
     return done
 
 
+STORAGE_FILE_BYTES = 4096  # the longest first line --storage-file reads as a URL
+
+
 def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
     """The storage URL a command was given: ``--storage``, else the first line of ``--storage-file``, else
     the ``AUTOTUNE_STORAGE`` environment variable (the last two keep a password out of ``ps`` and shell
@@ -128,12 +131,21 @@ def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
         return url
     if path:
         try:
-            text = Path(path).read_text().strip()
+            with open(path, "rb") as handle:
+                head = handle.read(STORAGE_FILE_BYTES + 1)  # a bounded read: the path may be /dev/zero or a pipe
         except OSError as exc:
             raise StudyError(f"--storage-file {path}: cannot read it ({exc.strerror or exc})") from None
-        if not text:
+        line = head.split(b"\n", 1)[0].strip()
+        if not head.strip():
             raise StudyError(f"--storage-file {path}: the file is empty; put the storage URL on its first line")
-        return text.splitlines()[0].strip()
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+        if not text or len(line) > STORAGE_FILE_BYTES or not text.isprintable():
+            raise StudyError(f"--storage-file {path}: its first line is no storage URL (binary, or longer than "
+                             f"{STORAGE_FILE_BYTES} bytes); put the storage URL on its first line")
+        return text
     import os
 
     return os.environ.get(STORAGE_ENV) or None

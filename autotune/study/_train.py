@@ -101,7 +101,13 @@ def plan_from_document(doc: dict[str, Any], source: str) -> TrainPlan:
     base = (doc.get("baseline") or {})
     baseline = TrialConfig.from_dict(base["config"]) if base.get("config") else TrialConfig()
     measurement = doc.get("measurement") or {}
-    pick = TrialConfig.from_dict(doc["config"]) if doc.get("config") else None
+    if not isinstance(base, dict) or not isinstance(measurement, dict):
+        raise StudyError(f"{source}: not a best_config.json (its baseline and measurement are mappings)")
+    try:  # every value against its knob's: a mistyped "bf-16" would train fp32 under that label
+        baseline = TrialConfig.from_dict(base["config"]) if base.get("config") else TrialConfig()
+        pick = TrialConfig.from_dict(doc["config"]) if doc.get("config") else None
+    except (TypeError, ValueError) as exc:
+        raise StudyError(f"{source}: not a config autotune can train ({exc})") from None
     study = doc.get("study")
     pick_promise = _promise(doc.get("throughput"), measurement.get("window_throughputs"),
                             measurement.get("extra:gpu.joules_per_sample"),
@@ -128,17 +134,18 @@ def load_plan(*, config: Union[str, Path, None] = None, study: Optional[str] = N
     path = Path(config) if config is not None else study_dir(str(study), Path(studies_dir)) / "best_config.json"
     if not path.is_file():
         raise StudyError(f"{path}: no such file" + ("" if config is not None else
+    import yaml
+
+    from autotune.search._space import load_yaml
+
                                                      f" (has study {study!r} finished under {studies_dir}?)"))
     try:
         text = path.read_text(encoding="utf-8")
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            doc = yaml.safe_load(text)
-        else:
-            doc = json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise StudyError(f"{path}: cannot read it ({exc})") from None
+        doc = load_yaml(text) if path.suffix in (".yaml", ".yml") else json.loads(text)  # no alias bomb
+    except RecursionError:
+        raise StudyError(f"{path}: cannot read it (nested too deeply)") from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise StudyError(f"{path}: cannot read it ({' '.join(str(exc).split())[:200]})") from None
     if not isinstance(doc, dict):
         raise StudyError(f"{path}: not a best_config.json or a config mapping")
     return plan_from_document(doc, str(path))
