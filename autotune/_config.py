@@ -168,8 +168,17 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrialConfig":
+        """The config a mapping (a file's, a stored trial's) names, each value checked against its knob's values.
+
+        Raises:
+            ValueError: not a mapping, an unknown key, or a value its knob does not take; one short line.
+        """
+        from autotune.search._space import config_value_problem  # the knobs' values (it imports this module)
+
+        if not isinstance(data, dict):
+            raise ValueError(f"a config maps knob names to values; this is a {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(k)[:40] for k in set(data) - known)
         if unknown:
             raise ValueError(f"unknown config keys: {', '.join(unknown[:5])}" + (" ..." if len(unknown) > 5 else ""))
         for name, value in data.items():
@@ -180,15 +189,6 @@ class TrialConfig:
 
     def replace(self, **changes: Any) -> "TrialConfig":
         return dataclasses.replace(self, **changes)
-        """The config a mapping (a file's, a stored trial's) names, each value checked against its knob's values.
-
-        Raises:
-            ValueError: not a mapping, an unknown key, or a value its knob does not take; one short line.
-        """
-        from autotune.search._space import config_value_problem  # the knobs' values (it imports this module)
-
-        if not isinstance(data, dict):
-            raise ValueError(f"a config maps knob names to values; this is a {type(data).__name__}")
 
     def describe(self) -> str:
         """A short human summary, e.g. ``bf16 bs256 channels_last compile=default graphs``.

@@ -548,13 +548,13 @@ def _finite(value: Any) -> Any:
 
 
 def _spaces(args: argparse.Namespace) -> int:
+    from autotune._errors import one_line
     from autotune.search._space import SPACES_DIR, builtin_spaces, load_space
 
     paths = [Path(p) for p in args.paths] or builtin_spaces()
     if not paths:
         raise AutotuneError(f"no built-in search spaces in {SPACES_DIR}: this installation of autotune is "
                             "incomplete (its wheel ships them as package data); reinstall it")
-    from autotune._errors import one_line
     failed = 0
     for path in paths:
         try:
@@ -767,6 +767,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command in _SCRIPT_COMMANDS else None
     import optuna
 
+    from autotune._errors import one_line  # printable, and bounded: an error may quote a value of any size
     from autotune.study import _signals
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -803,7 +804,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 sys.argv = own
             return 130 if done.interrupted else 0 if all(r.status in ("ok",) for r in done.runs.values()) else 1
         if args.command == "spaces":
-    from autotune._errors import one_line  # printable, and bounded: an error may quote a value of any size
             return _spaces(args)
         if args.command == "dashboard":
             return _dashboard(args)

@@ -71,7 +71,6 @@ def _check_value(knob: str, value: Any) -> Optional[str]:
     raise AssertionError(knob)
 
 
-_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
 def config_value_problem(name: str, value: Any) -> Optional[str]:
     """Why ``value`` is not a value of the TrialConfig field ``name`` (one short phrase), or None.
 
@@ -97,6 +96,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
 
 
+_LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
                           "allocator", "compile_scope", *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
@@ -786,7 +786,6 @@ def space_path(name_or_path: Union[str, Path]) -> Path:
     return SPACES_DIR / f"{name_or_path}.yaml"
 
 
-def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
 class _NoAliasLoader(yaml.SafeLoader):
     """PyYAML's safe loader without aliases: an alias (``*name``) repeats a node without repeating its text,
     so a file of a few hundred bytes can nest aliases into billions of values (an alias bomb) that the
@@ -812,6 +811,7 @@ def load_yaml(text: str) -> Any:
         raise yaml.MarkedYAMLError(problem="nested too deeply") from None
 
 
+def load_space(name_or_path: Union[str, Path]) -> SearchSpace:
     """Load and validate a YAML search space.
 
     Raises:

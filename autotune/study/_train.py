@@ -98,8 +98,7 @@ def plan_from_document(doc: dict[str, Any], source: str) -> TrainPlan:
             return TrainPlan(pick=TrialConfig.from_dict(doc), baseline=TrialConfig(), source=source)
         except (TypeError, ValueError) as exc:
             raise StudyError(f"{source}: neither a best_config.json nor a config ({exc})") from None
-    base = (doc.get("baseline") or {})
-    baseline = TrialConfig.from_dict(base["config"]) if base.get("config") else TrialConfig()
+    base = doc.get("baseline") or {}
     measurement = doc.get("measurement") or {}
     if not isinstance(base, dict) or not isinstance(measurement, dict):
         raise StudyError(f"{source}: not a best_config.json (its baseline and measurement are mappings)")
@@ -134,11 +133,11 @@ def load_plan(*, config: Union[str, Path, None] = None, study: Optional[str] = N
     path = Path(config) if config is not None else study_dir(str(study), Path(studies_dir)) / "best_config.json"
     if not path.is_file():
         raise StudyError(f"{path}: no such file" + ("" if config is not None else
+                                                     f" (has study {study!r} finished under {studies_dir}?)"))
     import yaml
 
     from autotune.search._space import load_yaml
 
-                                                     f" (has study {study!r} finished under {studies_dir}?)"))
     try:
         text = path.read_text(encoding="utf-8")
         doc = load_yaml(text) if path.suffix in (".yaml", ".yml") else json.loads(text)  # no alias bomb
@@ -531,6 +530,7 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
         raise ValueError(f"metric_direction must be 'maximize' or 'minimize', not {metric_direction!r}")
     folder = Path(out) if out is not None else (study_dir(plan.study, Path(studies_dir)) if plan.study
                                                   else Path(studies_dir) / "train")
+    folder = folder.absolute()  # before the script runs: one that changes directory must not move train.json
     path = folder / RESULT_FILE
     target = train_fn if isinstance(train_fn, str) else None
     argv = ScriptArgv(target or "", script_args)  # sys.argv as the script sees it, in this process
@@ -541,7 +541,6 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
                            "started": _now(), "runs": {}}
 
     def save(partial: Optional[TrainRun] = None) -> None:
-    folder = folder.absolute()  # before the script runs: one that changes directory must not move train.json
         if partial is not None:
             doc["runs"][partial.label] = partial.to_dict()
         _write(path, doc)
