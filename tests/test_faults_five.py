@@ -270,3 +270,36 @@ def test_a_storage_file_that_holds_no_url_is_read_a_bounded_way_and_refused(tmp_
     proc = _autotune("best", "s", "--storage-file", str(path), timeout=60)  # before: /dev/zero read without end
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[:2000]
     assert "its first line is no storage URL" in proc.stderr, proc.stderr
+
+
+# -- 7 and 14: nothing is written through a planted symlink ------------------------------------------------
+
+
+def test_a_study_and_its_report_replace_planted_symlinks_and_never_write_through_them(tmp_path):
+    studies, victims = tmp_path / "studies", tmp_path / "victims"
+    folder = studies / "s"
+    (folder / "logs").mkdir(parents=True)
+    victims.mkdir()
+    for name in ("html", "png", "log"):
+        (victims / name).write_text("keep me\n")
+    (folder / ".reference.lock").symlink_to(victims / "lock")  # dangling: the lock would create it
+    for number in range(4):
+        (folder / "logs" / f"trial-{number}").symlink_to(victims, target_is_directory=True)
+    (tmp_path / "space.yaml").write_text("knobs:\n  batch_size: [16, 8]\nbaseline: {batch_size: 16}\n"
+                                         "budget: {samples: 256, warmup_steps: 1, windows: 3}\n")
+    tune = _autotune("tune", f"{HERE / 'workloads.py'}:train_tiny", "--space", str(tmp_path / "space.yaml"),
+                     "--study", "s", "--trials", "3", "--studies-dir", str(studies), "--no-progress", "--no-plots",
+                     "--prune-below", "0", "--top-k", "0")
+    assert tune.returncode == 0, tune.stderr
+    (folder / "report.html").symlink_to(victims / "html")
+    (folder / "history.png").symlink_to(victims / "png")
+    report = _autotune("report", "s", "--studies-dir", str(studies))
+    assert report.returncode == 0, report.stderr
+    # Before: the lock created victims/lock, trial 1 wrote its log into victims/, the report overwrote both files.
+    assert sorted(p.name for p in victims.iterdir()) == ["html", "log", "png"]
+    assert all((victims / name).read_text() == "keep me\n" for name in ("html", "png", "log"))
+    ran = [p for p in (folder / "logs").glob("trial-*") if (p / "trial.log").is_file()]
+    assert ran, list((folder / "logs").iterdir())
+    for path in (folder / ".reference.lock", *ran, folder / "report.html", folder / "history.png"):
+        assert path.exists() and not path.is_symlink(), path
+    assert (folder / "history.png").read_bytes()[:4] == b"\x89PNG"

@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import NO_FASTER_CONFIG, TrialConfig
+from autotune._files import atomic_path, write_atomic
 from autotune.insight._accuracy import accuracy_lines, matplotlib_loss_curves, plotly_loss_curves
 from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
@@ -504,8 +505,9 @@ def write_pngs(study: optuna.Study, out_dir: Path) -> tuple[dict[str, Path], dic
             fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
             fig.suptitle(f"{study.study_name}: {PLOTS[name][0]}")
             path = out_dir / f"{name}.png"
-            fig.savefig(path, dpi=100, bbox_inches="tight")
-            _set_png_text(path, Title=PLOTS[name][0], Description=_figure_text(fig))  # drawn now: all labels exist
+            with atomic_path(path) as tmp:  # a symlink planted at the PNG is replaced, never written through
+                fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
+                _set_png_text(tmp, Title=PLOTS[name][0], Description=_figure_text(fig))  # drawn: all labels exist
             paths[name] = path
     finally:
         for number in set(plt.get_fignums()) - before:  # also those of a plot that failed half-way
@@ -562,7 +564,7 @@ def _set_png_text(path: Path, **text: str) -> None:
         info.add_itxt(key, value)
     with Image.open(path) as image:
         image.load()
-    image.save(path, pnginfo=info)
+    image.save(path, format="PNG", pnginfo=info)
 
 
 def _figure_text(fig: Any) -> str:
@@ -737,7 +739,7 @@ with CUDA Graphs toggled, and which batch sizes ran out of memory.</p>
 </body></html>
 """
     path = out / "report.html"
-    path.write_text(page)
+    write_atomic(path, page)  # a symlink planted at report.html is replaced, never written through
     return Report(path, pngs, {**png_skipped, **skipped})
 
 

@@ -249,7 +249,13 @@ class ProcessFiles:
         return self.folder / "partial.json"
 
     def prepare(self) -> None:
-        """Create the folder and drop what an earlier run left in it (raises OSError)."""
+        """Create the folder and drop what an earlier run left in it (raises OSError).
+
+        A symlink at the folder's name (or at a file's) is removed, not followed: a trial writes its log and
+        result in the study's own folder, never through a link planted there into a folder elsewhere.
+        """
+        if self.folder.is_symlink():
+            self.folder.unlink()
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in (self.result, self.log, self.clock, self.partial):
             stale.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ def file_lock(path: Path, *, on_wait: Optional[Callable[[], None]] = None) -> It
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(path)
     except OSError:
         yield False
         return
@@ -46,3 +46,16 @@ def file_lock(path: Path, *, on_wait: Optional[Callable[[], None]] = None) -> It
         yield True
     finally:
         os.close(fd)  # releases the lock
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (or create) the lock file itself: a symlink planted at its name (dangling or not) is removed, not
+    followed, so the lock never creates or truncates a file elsewhere (raises OSError)."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        if not path.is_symlink():
+            raise exc
+    path.unlink()
+    return os.open(path, flags | os.O_EXCL, 0o644)
