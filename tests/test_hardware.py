@@ -259,6 +259,8 @@ def test_a_torchvision_whose_operators_do_not_load_stops_the_probe_with_the_fix(
     message = str(info.value)
     assert "\n" not in message and "compiled operators do not load with torch" in message
     assert "operator torchvision::nms does not exist" in message and "pip install --force-reinstall 'torch==" in message
+    # Both routes: PyTorch's index, and PyPI alone where that index cannot be reached (issue 60's CPU install).
+    assert "--index-url https://download.pytorch.org/whl/" in message and "--index-url https://pypi.org/simple" in message
 
 
 def test_the_cli_stops_on_a_mismatched_pair_in_one_line(tmp_path: Path) -> None:

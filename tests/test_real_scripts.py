@@ -124,3 +124,125 @@ def test_a_model_output_with_no_loss_or_an_ambiguous_one_is_named_in_one_line() 
         own_loss((torch.tensor(1.0), torch.tensor(2.0)))
     loss = torch.tensor(0.5)
     assert own_loss((loss, torch.ones(2, 3))) is loss  # an HF model's return_dict=False tuple: (loss, logits)
+
+
+# -- 3. evaluation every N steps, kept out of the delivered throughput ----------------------------------------
+@pytest.mark.parametrize("workload", ["train_evaluating_every_steps", "train_evaluating_inside_the_loop"])
+def test_evaluation_every_n_steps_is_kept_out_of_the_delivered_throughput_and_said_beside_it(
+        tmp_path: Path, workload: str) -> None:
+    from real_script_workloads import EVAL_SECONDS, REAL_SCRIPT_WORKLOADS
+
+    said: list[str] = []
+    result = autotune.train(f"{REAL_SCRIPT_WORKLOADS}:{workload}", config=_config_file(tmp_path, ONE_THREAD),
+                            steps=16, out=tmp_path, progress=False, say=said.append, args=[])
+    run = result.runs["pick"]
+    assert run.status == "ok", run.error
+    evaluations = len(run.metrics)
+    assert evaluations == 4  # at optimizer steps 4, 8, 12, 16 (or before iterations 0, 4, 8, 12)
+    assert run.untimed_seconds["evaluation"] >= evaluations * EVAL_SECONDS
+    # Not one window holds an evaluation's sleep: the windows time the training steps alone.
+    assert run.window_throughputs and all(rate > 64 / EVAL_SECONDS for rate in run.window_throughputs)
+    assert run.seconds >= sum(64 / r for r in run.window_throughputs) + evaluations * EVAL_SECONDS
+    line = said[0]
+    assert f"delivered {run.throughput:,.1f} samples/s while training (" in line
+    assert f"{run.untimed_seconds['evaluation']:.1f} s in evaluation, outside it)" in line, line
+
+
+def test_an_evaluation_inside_a_trials_loop_stops_the_windows_clock() -> None:
+    from autotune import Budget
+    from autotune.trial._context import TrialContext
+    from real_script_workloads import EVAL_SECONDS, train_evaluating_inside_the_loop
+
+    # One warm-up step (iteration 0, with its evaluation), then windows of steps 1-3, 4-6 and 7-9: the
+    # evaluations before iterations 4 and 8 fall inside the second and the third.
+    ctx = TrialContext(config=ONE_THREAD, budget=Budget(samples=64 * 12, warmup_steps=1, windows=3))
+    train_evaluating_inside_the_loop(ctx)
+    windows = ctx.recorder.windows
+    assert len(windows) == 3
+    assert all(w.seconds < EVAL_SECONDS for w in windows), [w.seconds for w in windows]
+    assert ctx.extras["untimed.evaluation"] >= 2 * EVAL_SECONDS
+
+
+# -- 7. the adapters' scripts under autotune train -----------------------------------------------------------
+@pytest.mark.parametrize("function", ["train_hf", "train_lightning"])
+def test_train_compare_runs_a_trainer_script_for_the_real_length_with_its_evaluation_untimed(
+        tmp_path: Path, capsys, monkeypatch, function: str) -> None:
+    from real_trainers import EVAL_SLEEP, REAL_TRAINERS
+
+    monkeypatch.chdir(tmp_path)  # whatever the trainers write of their own
+    # The pick accumulates two micro-batches of 8 into the script's global batch of 16.
+    pick, baseline = TrialConfig(batch_size=8, global_batch=16, cpu_threads=1), TrialConfig(batch_size=16, cpu_threads=1)
+    path = _config_file(tmp_path, pick, baseline={"config": baseline.to_dict(), "throughput": None})
+    code = main(["train", f"{REAL_TRAINERS}:{function}", "--config", str(path), "--steps", "8", "--compare",
+                 "--out", str(tmp_path), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    doc = json.loads((tmp_path / "train.json").read_text())
+    for label in ("baseline", "pick"):
+        run = doc["runs"][label]
+        assert run["status"] == "ok" and run["steps_done"] == run["optimizer_steps"] == 8, run
+        assert run["samples"] == 128 and len(run["losses"]) == 8 and run["throughput"] > 0
+        # Two evaluations (every 4 of 8 steps), each with its sleep: kept apart, outside every window.
+        assert run["untimed_seconds"]["evaluation"] >= 2 * EVAL_SLEEP
+    assert "Speed: the pick ran at" in out and "s in evaluation, outside it)" in out
+
+
+def test_a_trainer_script_in_a_context_built_by_hand_trains_its_own_length() -> None:
+    from autotune.trial._context import TrialContext
+    from real_trainers import train_hf_own_length
+
+    ctx = TrialContext(config=TrialConfig(batch_size=16))
+    train_hf_own_length(ctx)  # raised "ctx.step_clock() times a study's trial: outside a study there is no budget"
+    assert ctx.extras["trainer_saw"]["max_steps"] == 4
+
+
+# -- 4. energy per sample over the steady state, the one-time joules apart ----------------------------------
+class ClockedEnergy:
+    """pynvml's energy counter on a clock: ``watts`` drawn all along, and ``burst`` joules more from the second
+    reading on (the first is the run's start, the second where the first timed window opens): the one-time
+    cost of a compile or a graph capture, which falls in the warm-up."""
+
+    NVMLError = RuntimeError
+
+    def __init__(self, watts: float, burst: float) -> None:
+        import time
+
+        self.watts, self.burst, self.reads, self.t0 = watts, burst, 0, time.perf_counter()
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:  # noqa: N802 - pynvml's names
+        return object()
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: object) -> int:  # noqa: N802
+        import time
+
+        self.reads += 1
+        joules = self.watts * (time.perf_counter() - self.t0) + (self.burst if self.reads > 1 else 0.0)
+        return int(joules * 1000)  # millijoules
+
+
+def test_joules_per_sample_are_the_steady_states_and_the_one_time_joules_are_apart() -> None:
+    from autotune.study._train import run_once
+    from autotune.trial._run import RunLength
+    from benchmarks.workloads import planted
+
+    run = run_once(planted.train_clean, ONE_THREAD, RunLength(steps=40), nvml=ClockedEnergy(100.0, 500.0))
+    assert run.status == "ok" and run.throughput
+    assert run.steady_joules_per_sample == pytest.approx(100.0 / run.throughput, rel=0.05)
+    assert 500.0 <= run.one_time_joules <= 500.0 + 100.0 * run.wall_seconds
+    assert run.joules_per_sample > run.steady_joules_per_sample  # the whole run's carries the burst
+
+
+def test_the_comparisons_energy_line_divides_the_steady_states_not_a_compile_charged_to_the_samples() -> None:
+    from autotune.study._train import TrainRun, _closing_lines
+
+    def run(label: str, steady: float, whole: float, one_time: float) -> TrainRun:
+        return TrainRun(label=label, config=TrialConfig(), length={"steps": 400}, status="ok", throughput=1000.0,
+                        joules_per_sample=whole, steady_joules_per_sample=steady, one_time_joules=one_time)
+
+    # The issue's EfficientNet-B0: a pick 4.24x faster whose compile made its whole-run joules 1.70x.
+    runs = {"baseline": run("baseline", 1.0, 1.0, 20.0), "pick": run("pick", 0.236, 1.70, 5_000.0)}
+    lines = _closing_lines(runs, {"what": "x"}, {"speed_what": "s", "accuracy_what": "a"}, Path("train.json"), False)
+    energy = next(line for line in lines if line.startswith("Energy:"))
+    assert energy == ("Energy: 0.24x the baseline's joules per sample while training; one-time 5,000 J against 20 J "
+                      "(start-up, compile, warm-up).")
+    assert "0.236 J/sample while training, 5,000 J one-time (1.7 J/sample over the whole run)" in lines[1]

@@ -199,13 +199,16 @@ def torchvision_ops_failure() -> str:
         versions = installed_versions(["torch", "torchvision"])
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         index = "cpu" if torch.version.cuda is None else "cu" + str(torch.version.cuda).replace(".", "")
+        pair = (f"'torch=={versions.get('torch', torch.__version__).split('+')[0]}' "
+                f"'torchvision=={versions.get('torchvision', '?').split('+')[0]}'")
         return (f"torchvision {versions.get('torchvision', '?')}'s compiled operators do not load with torch "
                 f"{versions.get('torch', torch.__version__)} ({why}): they are builds for different devices or "
                 "releases (a CUDA torchvision beside a CPU torch, as a fallback package index installs them), and "
                 "libraries that use torchvision (transformers) fail with 'operator torchvision::nms does not "
-                "exist'; reinstall both from one index: pip install --force-reinstall 'torch==" +
-                versions.get("torch", torch.__version__).split("+")[0] + "' 'torchvision==" +
-                versions.get("torchvision", "?").split("+")[0] + f"' --index-url https://download.pytorch.org/whl/{index}")
+                f"exist'; reinstall both from one index: pip install --force-reinstall {pair} --index-url "
+                f"https://download.pytorch.org/whl/{index}, or where that index cannot be reached, from PyPI alone "
+                f"(its CUDA builds, which run on a CPU too; about 6 GB installed): pip install --force-reinstall "
+                f"{pair} --index-url https://pypi.org/simple")
     return ""
 
 
@@ -707,6 +710,13 @@ class EnergyMeter:
     def start(self) -> None:
         self.joules = None
         self._start = self._read() if self.active else None
+
+    def reading(self) -> Optional[float]:
+        """Joules since ``start()`` so far, the counter left running (None when not measured)."""
+        if self._start is None or not self.active:
+            return None
+        now = self._read()
+        return None if now is None else max(0, now - self._start) / 1000.0
 
     def stop(self) -> Optional[float]:
         """Joules since ``start()`` (None when not measured)."""

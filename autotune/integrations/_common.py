@@ -111,7 +111,8 @@ def tune(train_fn: Union[Callable[..., Any], str], *, space: SearchSpace, baseli
 
 
 class StepMeter:
-    """A trainer's micro-batch steps on the trial's ``StepClock``, with the loss of each optimizer step.
+    """A trainer's micro-batch steps on the trial's ``StepClock`` (under ``autotune train``, the real run's
+    ``RunClock``), with the loss of each optimizer step.
 
     A trainer's callbacks report, in order: ``starts()`` once before the first step fetches its batch,
     ``fetched()`` when a step has its batch, ``loss(value)`` for each micro-batch's loss as the trainer
@@ -119,6 +120,11 @@ class StepMeter:
     loss), and ``micro_step_ends(samples)`` after each micro-batch's work was queued (for the last one of a
     global batch, after the optimizer step). The next step's fetch starts there, so a trainer's start-up
     before ``starts()`` and whatever it does after its last step (evaluation, saving) are never timed.
+
+    In a real run the trainer also evaluates and saves while it trains, as its own arguments say: the
+    adapters run that inside ``untimed(what)``, and report the end of each epoch (``epoch_ends()``). A run
+    given in epochs leaves the count to the trainer (``optimizer_steps`` None, ``epochs`` the run's), which
+    tells the meter an epoch's micro-batches once its DataLoader exists (``epoch_length(n)``).
 
     Args:
         ctx: The trial's context (``ctx.step_clock()`` times the budget's windows on it).
@@ -128,7 +134,13 @@ class StepMeter:
         self.ctx = ctx
         self.clock = ctx.step_clock()
         self.accumulation = ctx.config.accumulation_steps
-        self.optimizer_steps = self.clock.steps // self.accumulation
+        steps = self.clock.steps
+        # None: the trainer's own length (a run of epochs, or a context built by hand with neither a study
+        # nor autotune train's run).
+        self.optimizer_steps: Optional[int] = steps // self.accumulation if steps is not None else None
+        self.epochs: Optional[int] = getattr(self.clock, "epochs", None)
+        self.real_run = getattr(ctx, "run", None) is not None
+        self._closed = False
         self._loss: Any = None
         self._micro = 0
         self._global_samples = 0
@@ -164,7 +176,34 @@ class StepMeter:
             if next_batch_ready:
                 self.clock.fetched()
 
+    def epoch_length(self, micro_batches: Optional[int]) -> None:
+        """A run of epochs: the micro-batches of one epoch of the trainer's DataLoader."""
+        if micro_batches and hasattr(self.clock, "epoch_length"):
+            self.clock.epoch_length(int(micro_batches))
+
+    def epoch_ends(self) -> None:
+        """The trainer ended an epoch: its end-of-epoch work (evaluation, checkpoints) is not training."""
+        if hasattr(self.clock, "epoch_ends") and not self._closed:
+            self.clock.epoch_ends()
+
+    def untimed(self, what: str) -> Any:
+        """A context that keeps the trainer's own work (``evaluation``, ``checkpoints``) out of the windows and
+        reports its seconds beside the throughput; nothing once the training ended (a last evaluation after it
+        is outside every window anyway) and nothing in a study's trial, which never evaluates while it trains."""
+        import contextlib
+
+        if self._closed or not hasattr(self.clock, "untimed"):
+            return contextlib.nullcontext()
+        return self.clock.untimed(what)
+
+    @property
+    def stop_asked(self) -> bool:
+        """A Ctrl-C asked the real run to stop: the trainer stops at this optimizer step."""
+        run = getattr(self.ctx, "run", None)
+        return run is not None and run.interrupted
+
     def close(self) -> None:
+        self._closed = True
         self.clock.close()
 
     def evidence(self) -> dict[str, Any]:

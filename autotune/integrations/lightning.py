@@ -202,13 +202,16 @@ def run_trainer(ctx: Any, model: Any, datamodule: Any = None, *, trainer: Option
     _common.probe_activation_dtype(model, ctx)
     fitted = model if config.compile == "off" else torch.compile(
         model, mode=None if config.compile == "default" else config.compile)
+    # A trial leaves out what it would repeat unmeasured; the real run keeps every callback of the script.
     kept = [cb for cb in _as_list(yours.get("callbacks"))
-            if not any(base.__name__ in _LEFT_OUT for base in type(cb).__mro__)]
+            if not ctx.in_study or not any(base.__name__ in _LEFT_OUT for base in type(cb).__mro__)]
     left_out = sorted(type(cb).__name__ for cb in _as_list(yours.get("callbacks")) if cb not in kept)
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as root:
-        kwargs = {**yours, **arguments.trainer, **_TRIAL_ONLY, "max_steps": meter.optimizer_steps,
-                  "accelerator": "gpu" if ctx.device.type == "cuda" else "cpu", "default_root_dir": root,
+        kwargs = {**yours, **arguments.trainer, **_length(meter),
+                  "accelerator": "gpu" if ctx.device.type == "cuda" else "cpu", "devices": 1,
                   "callbacks": [*kept, _callback(lightning, meter)]}
+        if ctx.in_study:  # a trial: its budget's length, no validation, checkpoints nor loggers, a throwaway folder
+            kwargs.update({**_TRIAL_ONLY, "max_steps": meter.optimizer_steps, "default_root_dir": root})
         run = lightning.Trainer(**kwargs)
         ctx.record("lightning_arguments", arguments.to_dict())
         try:
@@ -224,7 +227,8 @@ def run_trainer(ctx: Any, model: Any, datamodule: Any = None, *, trainer: Option
         })
         if metric is None:
             return {}
-        run.limit_val_batches = yours.get("limit_val_batches", 1.0)  # the trial's fit ran none
+        if ctx.in_study:
+            run.limit_val_batches = yours.get("limit_val_batches", 1.0)  # the trial's fit ran none
         results = run.validate(model, datamodule=datamodule, verbose=False)
         metrics = {k: float(v) for result in results for k, v in result.items()}
         if metric not in metrics:
@@ -234,6 +238,16 @@ def run_trainer(ctx: Any, model: Any, datamodule: Any = None, *, trainer: Option
         ctx.report_metric(metrics[metric])
         ctx.record("eval_metrics", metrics)
         return metrics
+
+
+def _length(meter: _common.StepMeter) -> dict[str, Any]:
+    """The Trainer's length in a real run: its optimizer steps, or its epochs (the Trainer counts them); in
+    a context built by hand, the script's own arguments' length."""
+    if meter.optimizer_steps is not None:
+        return {"max_steps": meter.optimizer_steps, "max_epochs": -1}
+    if meter.epochs is not None:
+        return {"max_epochs": meter.epochs, "max_steps": -1}
+    return {}
 
 
 def _as_list(callbacks: Any) -> list[Any]:
@@ -301,6 +315,24 @@ def _callback(lightning: Any, meter: _common.StepMeter) -> Any:
         """Puts the Trainer's steps on the trial's clock (see ``StepMeter``)."""
 
         optimizer_steps: Optional[int] = None
+        evaluating: Any = None
+
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            meter.epoch_length(trainer.num_training_batches)  # a run of epochs: an epoch's micro-batches
+
+        def on_validation_start(self, trainer: Any, module: Any) -> None:
+            if getattr(trainer.state, "fn", None) == "fit":  # the real run validates inside fit, as the script's
+                # arguments say (TrainerFn is a str enum)
+                self.evaluating = meter.untimed("evaluation")
+                self.evaluating.__enter__()
+
+        def on_validation_end(self, trainer: Any, module: Any) -> None:
+            if self.evaluating is not None:
+                evaluating, self.evaluating = self.evaluating, None
+                evaluating.__exit__(None, None, None)
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            meter.epoch_ends()
 
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
             if self.optimizer_steps is None:
@@ -320,5 +352,7 @@ def _callback(lightning: Any, meter: _common.StepMeter) -> Any:
             stepped = trainer.global_step > (self.optimizer_steps or 0)
             self.optimizer_steps = trainer.global_step
             meter.micro_step_ends(batch_length(batch), optimizer_stepped=stepped)
+            if stepped and meter.stop_asked:
+                trainer.should_stop = True  # a Ctrl-C: the real run stops at this optimizer step
 
     return AutotuneClock()

@@ -243,8 +243,9 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
     overrides = training_arguments(config, args, cuda=ctx.device.type == "cuda")
     meter = _common.StepMeter(ctx)
     with tempfile.TemporaryDirectory(prefix="autotune-trainer-") as output_dir:
-        given = {**overrides, **_TRIAL_ONLY, "max_steps": meter.optimizer_steps, "seed": ctx.seed,
-                 "output_dir": output_dir}
+        given = {**overrides, "seed": ctx.seed, **_length(meter)}
+        if ctx.in_study:  # a trial: its budget's length, nothing it would repeat unmeasured, a throwaway folder
+            given.update(_TRIAL_ONLY, output_dir=output_dir)
         trainer = build_trainer(dataclasses.replace(args, **given) if args is not None else dict(given))
         if not isinstance(trainer, transformers.Trainer):
             raise WorkloadError(f"build_trainer returned a {type(trainer).__name__}, not a transformers.Trainer")
@@ -259,10 +260,16 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
         trainer.add_callback(_callback(transformers, meter, saw))
         trainer.training_step = _metered_step(trainer.training_step, meter, saw)
         _common.probe_activation_dtype(trainer.model, ctx)
+        # The real run evaluates and saves as the script's arguments say, outside the timed windows.
+        untimed = {name: getattr(trainer, name) for name in ("evaluate", "_save_checkpoint") if meter.real_run}
+        for name, method in untimed.items():
+            setattr(trainer, name, _untimed(method, meter, "evaluation" if name == "evaluate" else "checkpoints"))
         try:
             trainer.train()
         finally:
             meter.close()
+            for name in untimed:
+                delattr(trainer, name)  # the class's own again: a last evaluation is no training's
         ctx.record("trainer_saw", {
             **_argument_record(trainer.args), **saw.loader, **meter.evidence(), "compiled": saw.compiled,
             "mixed_precision": str(trainer.accelerator.mixed_precision),
@@ -279,6 +286,24 @@ def run_trainer(ctx: Any, build_trainer: Callable[[Any], Any], args: Any = None,
         ctx.report_metric(metrics[metric])
         ctx.record("eval_metrics", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
         return metrics
+
+
+def _length(meter: _common.StepMeter) -> dict[str, Any]:
+    """The Trainer's length: the trial's or the real run's optimizer steps, a real run's epochs (the Trainer
+    counts them), or nothing in a context built by hand (the script's own arguments' length)."""
+    if meter.optimizer_steps is not None:
+        return {"max_steps": meter.optimizer_steps}
+    if meter.epochs is not None:
+        return {"num_train_epochs": meter.epochs, "max_steps": -1}
+    return {}
+
+
+def _untimed(method: Callable[..., Any], meter: _common.StepMeter, what: str) -> Callable[..., Any]:
+    def untimed(*args: Any, **kwargs: Any) -> Any:
+        with meter.untimed(what):
+            return method(*args, **kwargs)
+
+    return untimed
 
 
 def _check_arguments(seen: Any, given: Mapping[str, Any]) -> None:
@@ -338,6 +363,7 @@ def _callback(transformers: Any, meter: _common.StepMeter, saw: _Saw) -> Any:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **_: Any) -> None:
             if train_dataloader is not None:
+                meter.epoch_length(_length_of(train_dataloader))
                 sampler = getattr(train_dataloader, "batch_sampler", None)
                 saw.loader = {
                     "loader_batch_size": getattr(sampler, "batch_size", None) or train_dataloader.batch_size,
@@ -356,5 +382,17 @@ def _callback(transformers: Any, meter: _common.StepMeter, saw: _Saw) -> Any:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             meter.micro_step_ends(saw.samples, optimizer_stepped=True)
+            if meter.stop_asked:
+                control.should_training_stop = True  # a Ctrl-C: the real run stops at this optimizer step
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            meter.epoch_ends()
 
     return AutotuneClock()
+
+
+def _length_of(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:  # an iterable dataset: a run of epochs cannot be counted ahead
+        return None

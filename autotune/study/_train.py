@@ -167,7 +167,8 @@ class TrainRun:
     epochs_done: int = 0
     seconds: float = 0.0  # first batch to last, hooks included
     wall_seconds: float = 0.0  # the whole train_fn, model building and the final evaluation included
-    hook_seconds: float = 0.0
+    hook_seconds: float = 0.0  # outside the windows in the loop: hooks, ctx.untimed blocks, a trainer's evaluation
+    untimed_seconds: dict[str, float] = field(default_factory=dict)  # hook_seconds by what ran ("evaluation")
     throughput: Optional[float] = None  # timed windows together: the training steps' rate
     throughput_low: Optional[float] = None  # the windows' 10th and 90th percentiles
     throughput_high: Optional[float] = None
@@ -180,7 +181,9 @@ class TrainRun:
     metric: Optional[float] = None  # the last one reported
     best_metric: Optional[float] = None
     energy_j: Optional[float] = None
-    joules_per_sample: Optional[float] = None
+    joules_per_sample: Optional[float] = None  # the whole run's: start-up, compile and evaluation included
+    steady_joules_per_sample: Optional[float] = None  # over the timed windows: the training steps' own
+    one_time_joules: Optional[float] = None  # up to the first window, beyond its samples at the steady rate
     energy_note: str = ""
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -247,6 +250,8 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
                                                              None, started, energy, in_progress=True)))
     if energy is not None:
         energy.start()
+        if energy.active:
+            run.energy = energy.reading
     try:
         torch.manual_seed(seed)
         with _knobs.applied(config, device):
@@ -287,10 +292,15 @@ def _measured(run: Any, ctx: Any, label: str, length: Any, status: str, error: O
         note = "" if joules is not None else energy.why
     wall = time.perf_counter() - started
     extras = {k: v for k, v in (ctx.extras.items() if ctx is not None else ()) if k.startswith("pairing.")}
+    steady = (run.window_joules / run.timed_samples if run.window_joules is not None and run.timed_samples
+              else None)
+    one_time = (max(0.0, run.warmup_joules - steady * (run.warmup_samples or 0))
+                if steady is not None and run.warmup_joules is not None else None)
     return TrainRun(
         label=label, config=run.config, length=length.to_dict(), status=status, error=error, optimizer_steps=planned,
         steps_done=run.micro // run.accumulation, samples=run.samples, epochs_done=run.epoch,
         seconds=round(run.seconds, 4), wall_seconds=round(wall, 4), hook_seconds=round(run.hook_seconds, 4),
+        untimed_seconds={k: round(v, 4) for k, v in run.untimed_seconds.items()},
         throughput=run.throughput, throughput_low=spread[0] if spread else None,
         throughput_high=spread[1] if spread else None,
         wall_throughput=run.samples / wall if wall > 0 and run.samples else None,
@@ -300,7 +310,7 @@ def _measured(run: Any, ctx: Any, label: str, length: Any, status: str, error: O
         loss_every=run.loss_every, metrics=tuple(run.metrics), metric=run.metrics[-1]["value"] if run.metrics else None,
         best_metric=run.best_metric, energy_j=joules,
         joules_per_sample=joules / run.samples if joules is not None and run.samples else None,
-        energy_note=note, extras=extras)
+        steady_joules_per_sample=steady, one_time_joules=one_time, energy_note=note, extras=extras)
 
 
 # -- the promise -------------------------------------------------------------------------------------
@@ -605,16 +615,17 @@ def _closing_lines(runs: dict[str, TrainRun], check: dict[str, Any], comparison:
                    path: Path, interrupted: bool) -> list[str]:
     lines = []
     for label, run in runs.items():
-        rate = f"{run.throughput:,.1f} samples/s" if run.throughput else "no timed window"
+        rate = f"delivered {run.throughput:,.1f} samples/s while training" if run.throughput else "no timed window"
+        apart = ", ".join(f"{_duration(seconds)} in {what}" for what, seconds in run.untimed_seconds.items()
+                          if seconds >= 0.05)
         text = (f"{label} ({run.config.describe()}): {run.status}, {run.steps_done:,} of {run.optimizer_steps:,} "
                 f"optimizer steps, {run.samples:,} samples, {run.epochs_done} epochs in {_duration(run.wall_seconds)}; "
-                f"{rate}")
+                f"{rate}" + (f" ({apart}, outside it)" if apart else ""))
         if run.losses:
             text += f"; final loss {run.losses[-1]:.4g}"
         if run.best_metric is not None:
             text += f"; best metric {run.best_metric:.4g}"
-        text += "; energy " + (f"{run.joules_per_sample:.4g} J/sample" if run.joules_per_sample is not None
-                               else run.energy_note or "not measured")
+        text += "; energy " + _energy_words(run)
         if run.error:
             text += f"; {run.error}"
         lines.append(text)
@@ -629,13 +640,32 @@ def _closing_lines(runs: dict[str, TrainRun], check: dict[str, Any], comparison:
             lines.append("Loss curves, the mean of each quarter of the run: "
                          + "; ".join(quarters) + f" (every point in {path.name}).")
         pick, base = runs["pick"], runs["baseline"]
-        if pick.joules_per_sample is not None and base.joules_per_sample is not None:
+        if pick.steady_joules_per_sample is not None and base.steady_joules_per_sample is not None:
+            lines.append(f"Energy: {pick.steady_joules_per_sample / base.steady_joules_per_sample:.2f}x the "
+                         "baseline's joules per sample while training; one-time "
+                         f"{pick.one_time_joules or 0:,.0f} J against {base.one_time_joules or 0:,.0f} J (start-up, "
+                         "compile, warm-up).")
+        elif pick.joules_per_sample is not None and base.joules_per_sample is not None:
             lines.append(f"Energy: {pick.joules_per_sample / base.joules_per_sample:.2f}x the baseline's joules "
-                         "per sample.")
+                         "per sample over the whole run, start-up and compile included.")
     if interrupted:
         lines.append("Interrupted: the run stopped at an optimizer step; what it measured is kept.")
     lines.append(f"Written to {path}")
     return lines
+
+
+def _energy_words(run: TrainRun) -> str:
+    """A run's energy: the steady state's joules per sample, the one-time joules apart, the whole run's."""
+    if run.steady_joules_per_sample is not None:
+        text = f"{run.steady_joules_per_sample:.4g} J/sample while training"
+        if run.one_time_joules is not None:
+            text += f", {run.one_time_joules:,.0f} J one-time"
+        if run.joules_per_sample is not None:
+            text += f" ({run.joules_per_sample:.4g} J/sample over the whole run)"
+        return text
+    if run.joules_per_sample is not None:
+        return f"{run.joules_per_sample:.4g} J/sample over the whole run"
+    return run.energy_note or "not measured"
 
 
 def _quarters(losses: tuple[float, ...]) -> list[float]:
@@ -750,6 +780,7 @@ def _aggregate(label: str, runs: list[TrainRun]) -> TrainRun:
         throughput_low=summed("throughput_low"), throughput_high=summed("throughput_high"),
         wall_throughput=total / wall if wall > 0 else None, energy_j=energy,
         joules_per_sample=energy / total if energy is not None and total else None,
+        steady_joules_per_sample=None, one_time_joules=None,  # each copy's windows read the shared counter
         extras={**first.extras, "copies": len(runs), "copy_throughputs": [r.throughput for r in runs],
                 "copy_statuses": [r.status for r in runs]})
 

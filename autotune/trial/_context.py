@@ -19,7 +19,7 @@ from autotune._errors import KnobError, WorkloadError
 from autotune._files import write_atomic
 from autotune.trial._compile_cache import compile_cache_record
 from autotune.trial._images import IMAGENET_MEAN, IMAGENET_STD, ImageSource
-from autotune.trial._measure import Window, WindowRecorder, summarize, synchronize
+from autotune.trial._measure import BlockSeconds, Window, WindowRecorder, summarize, synchronize
 
 
 # Layers with 4-D (N, C, H, W) activations: the ones channels_last changes.
@@ -537,8 +537,10 @@ class TrialContext:
         return step
 
     def autocast(self) -> Any:
-        """The config's autocast context and attention backend, for evaluation code."""
-        return _knobs.forward_context(self.config, self.device)
+        """The config's autocast context and attention backend, for evaluation code. The object can be kept
+        and entered again and again (``ctx_ = ctx.autocast()`` once, ``with ctx_:`` in every evaluation), as
+        scripts keep their ``torch.autocast``."""
+        return _Reentered(lambda: _knobs.forward_context(self.config, self.device))
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Copy a batch tensor to the device (asynchronously when pinned), channels_last for images."""
@@ -563,6 +565,41 @@ class TrialContext:
             self.run.hooks.append(hook)
         else:
             self._epoch_hooks.append(hook)
+
+    def on_step_end(self, hook: Callable[[int], Any], *, every: int, what: str = "evaluation") -> None:
+        """Call ``hook(step)`` after every ``every``-th optimizer step of the real run (``autotune train``):
+        an evaluation or a checkpoint every N steps, as nanoGPT's ``eval_interval``. It runs outside the timed
+        windows, its seconds reported beside the delivered throughput under ``what``. A study's trial never
+        calls it (a trial's steps are not the real run's). Register it before the loop.
+
+        Raises:
+            ValueError: ``every`` is not a positive whole number.
+        """
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a positive number of optimizer steps, not {every!r}")
+        if self.run is not None:
+            self.run.step_hooks.append((every, what, hook))
+
+    @contextlib.contextmanager
+    def untimed(self, what: str = "evaluation") -> Iterator[None]:
+        """Keep the block's time out of the throughput: work inside the training loop that is not training
+        (``if it % 250 == 0: with ctx.untimed("evaluation"): estimate_loss()``). Under ``autotune train`` the
+        timed window closes before it and its seconds are reported under ``what``; in a study's trial the
+        window's clock stops while it runs. Either way the device finishes the queued training work first."""
+        if self.run is not None:
+            with self.run.untimed(what):
+                yield
+            return
+        if not self.recorder.in_window:
+            yield
+            return
+        block = BlockSeconds(self.device)
+        try:
+            with block:
+                yield
+        finally:
+            self.recorder.exclude(block.seconds)
+            self.extras[f"untimed.{what}"] = round(self.extras.get(f"untimed.{what}", 0.0) + block.seconds, 6)
 
     # -- measured iteration ----------------------------------------------------------------------
     def _plan(self) -> tuple[int, int, int]:
@@ -634,16 +671,23 @@ class TrialContext:
         self._length_read = True
         return self._plan()[1] // self.config.accumulation_steps
 
-    def step_clock(self) -> "StepClock":
+    def step_clock(self) -> Any:
         """The budget's warm-up and timed windows for a loop that autotune does not drive (a trainer's).
 
         ``ctx.batches`` runs on the same clock; ``autotune.integrations`` feed it from a trainer's callbacks.
+        Under ``autotune train`` it is the real run's clock (``_run.RunClock``: the run's length, windows and
+        hooks); in a context built by hand with neither, a clock that times nothing and leaves the trainer's
+        own length (``_run.UntimedClock``).
 
         Raises:
-            KnobError: outside a study (no budget), or the budget leaves no timed window.
+            KnobError: the budget leaves no timed window.
         """
+        from autotune.trial._run import RunClock, UntimedClock
+
+        if self.run is not None:
+            return RunClock(self.run)
         if self.budget is None:
-            raise KnobError("ctx.step_clock() times a study's trial: outside a study there is no budget")
+            return UntimedClock()
         self._length_read = True
         return StepClock(self)
 
@@ -1161,6 +1205,22 @@ class _DeviceInputWait:
         extra = sum(max(0.0, start.elapsed_time(end) / 1000.0 - host) for host, start, end in self._pending)
         self._pending.clear()
         return extra
+
+
+class _Reentered:
+    """A context manager that can be entered again and again: each ``with`` enters a fresh one of ``make()``."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+        self._open: list[Any] = []
+
+    def __enter__(self) -> Any:
+        manager = self.make()
+        self._open.append(manager)
+        return manager.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._open.pop().__exit__(*exc)
 
 
 def batch_length(batch: Any) -> int:

@@ -69,6 +69,11 @@ class WindowRecorder:
     def in_window(self) -> bool:
         return self._start is not None
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` of the open window out of its time (``ctx.untimed``: work that is not training)."""
+        if self._start is not None:
+            self._start += seconds
+
     def end_window(self) -> Window:
         assert self._start is not None, "end_window without begin_window"
         synchronize(self.device)
@@ -84,6 +89,25 @@ class WindowRecorder:
     def record(self, window: Window) -> None:
         """A window measured by the user's own loop."""
         self.windows.append(window)
+
+
+class BlockSeconds:
+    """The seconds a ``with`` block took (``seconds``, set when it ends), the device's queued work finished
+    before it starts and before it ends: what ``ctx.untimed`` keeps out of the timed windows."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __enter__(self) -> "BlockSeconds":
+        synchronize(self.device)
+        self._began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self._began
 
 
 def peak_memory_gib(device: torch.device) -> float:

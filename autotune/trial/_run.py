@@ -2,13 +2,19 @@
 
 A study's trial trains a fixed number of samples and times a few windows of it. A real run trains as long
 as the user asked (epochs, optimizer steps or samples), restarts the loader at every epoch, calls the
-script's end-of-epoch hooks (evaluation, checkpoints) between epochs, and times the training steps in
-windows of about ``WINDOW_SECONDS`` each, the hooks outside them. ``RealRun`` keeps all of it; the study
-layer (``autotune.study._train``) builds one, runs ``train_fn`` with it and writes out what it measured.
+script's end-of-epoch hooks and every-N-steps hooks (evaluation, checkpoints), and times the training steps
+in windows of about ``WINDOW_SECONDS`` each. The hooks, and whatever the script runs inside
+``ctx.untimed(...)`` (an evaluation inside its loop), are kept outside the windows and timed apart by what
+they are (``RealRun.untimed_seconds``), so the delivered throughput is the training steps' alone.
+
+``RealRun`` keeps all of it; the study layer (``autotune.study._train``) builds one, runs ``train_fn`` with it
+and writes out what it measured. ``RunClock`` feeds the same run from a trainer's callbacks (the adapters of
+``autotune.integrations``, through ``ctx.step_clock()``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -21,7 +27,7 @@ from autotune._config import TrialConfig
 from autotune._errors import KnobError
 from autotune.trial import _knobs
 from autotune.trial._context import NonFiniteLoss, batch_length
-from autotune.trial._measure import Window, synchronize
+from autotune.trial._measure import BlockSeconds, Window, synchronize
 
 WINDOW_SECONDS = 1.0  # a timed window closes at the first optimizer-step boundary past this
 WARMUP_STEPS = 5  # micro-batches before the first window, as a study's default budget (compile, cuDNN tuning)
@@ -97,6 +103,16 @@ class RealRun:
             warmup = max(warmup, _knobs.GRAPH_WARMUP_STEPS + 2)  # eager warm-up, capture, one replay
         self.warmup_micro = -(-warmup // self.accumulation) * self.accumulation
         self.hooks: list[Callable[[int], Any]] = []
+        self.step_hooks: list[tuple[int, str, Callable[[int], Any]]] = []  # (every N optimizer steps, what, hook)
+        self.untimed_seconds: dict[str, float] = {}  # seconds outside the windows by what ran: "evaluation", ...
+        # The device's energy counter, joules since the run started (None where it is not read): read where
+        # each window opens and closes, so the steady state's joules per sample leave the warm-up's out.
+        self.energy: Optional[Callable[[], Optional[float]]] = None
+        self.window_joules: Optional[float] = None
+        self.warmup_joules: Optional[float] = None  # up to the first window: model building, compile, capture
+        self.warmup_samples: Optional[int] = None  # samples trained before the first window opened
+        self._window_energy: Optional[float] = None
+        self._paused = False
         self.windows: list[Window] = []
         self.metrics: list[dict[str, Any]] = []  # each report_metric: its epoch, optimizer step and value
         self.epoch = 0  # epochs done
@@ -146,6 +162,8 @@ class RealRun:
         steps = total // a
         self.loss_every = max(1, -(-steps // MAX_POINTS))
         self._counts = [0] * -(-steps // self.loss_every)
+        if self.started is not None:
+            self._curve()  # a trainer's run of epochs learns its length after it started
         return total
 
     @property
@@ -169,19 +187,14 @@ class RealRun:
         except TypeError:
             epoch_micro = None
         total = self.plan(epoch_micro)
-        if self._sums is None:
-            self._sums = torch.zeros(len(self._counts), device=self.device, dtype=torch.float32)
-        self.started = self.started or time.perf_counter()
+        self.begin_run()
         iterator = iter(loader)
         in_epoch = 0
         try:
             while self.micro < total:
                 if self.micro % self.accumulation == 0 and self.stop_reason is not None:
                     break
-                if self.micro == self.warmup_micro or (self.micro > self.warmup_micro and self._window_start is None
-                                                       and self.micro % self.accumulation == 0):
-                    self._open_window()
-                fetch = time.perf_counter()
+                fetch = self.before_fetch()
                 try:
                     batch = next(iterator)
                 except StopIteration:
@@ -194,39 +207,96 @@ class RealRun:
                 batch = ctx._move(batch)
                 if self.micro < self.accumulation:
                     ctx._fingerprint_batch(batch, self.micro)
-                if self._window_start is not None:
-                    self._window_wait += time.perf_counter() - fetch
+                self.fetched(fetch)
                 calls = self._calls(ctx)
                 yield batch
-                samples = _batch_length(batch)
                 self._add_step_loss(ctx, calls)
-                self.micro += 1
                 in_epoch += 1
-                self.samples += samples
-                if self._window_start is not None:
-                    self._window_micro += 1
-                    self._window_samples += samples
-                    if (self.micro % self.accumulation == 0
-                            and time.perf_counter() - self._window_start >= WINDOW_SECONDS):
-                        self._close_window()
+                self.after_step(_batch_length(batch))
                 if self.epoch_micro is not None and in_epoch == self.epoch_micro:
                     self._end_epoch(ctx)
                     iterator, in_epoch = iter(loader), 0
         finally:
-            if self._window_start is not None:
-                self._close_window(report=False)
-            synchronize(self.device)
-            self.ended = time.perf_counter()
+            self.end_run()
+
+    # -- one micro-batch, whoever drives the loop (ctx.batches, or a trainer through RunClock) ------------
+    def begin_run(self) -> None:
+        """The first batch is about to be fetched: the run's clock and its loss curve start."""
+        self.started = self.started or time.perf_counter()
+        self._curve()
+
+    def _curve(self) -> None:
+        """The loss curve's bins on the device, once the run's length is known."""
+        if self._sums is None and self.total_micro is not None:
+            self._sums = torch.zeros(len(self._counts), device=self.device, dtype=torch.float32)
+
+    def before_fetch(self) -> float:
+        """A micro-batch starts: a timed window opens first when one is due (at the end of the warm-up, else at
+        an optimizer-step boundary after a window closed). Returns when its fetch began."""
+        if not self._paused and (self.micro == self.warmup_micro or (
+                self.micro > self.warmup_micro and self._window_start is None
+                and self.micro % self.accumulation == 0)):
+            self._open_window()
+        return time.perf_counter()
+
+    def fetched(self, began: float) -> None:
+        """The micro-batch is on the device: its wait counts in the window."""
+        if self._window_start is not None:
+            self._window_wait += time.perf_counter() - began
+
+    def after_step(self, samples: int) -> None:
+        """A micro-batch's work is queued: count it, close the window at an optimizer step past
+        ``WINDOW_SECONDS``, and run the every-N-steps hooks that fall on this optimizer step, untimed."""
+        self.micro += 1
+        self.samples += samples
+        if self._window_start is not None:
+            self._window_micro += 1
+            self._window_samples += samples
+            if self.micro % self.accumulation == 0 and time.perf_counter() - self._window_start >= WINDOW_SECONDS:
+                self._close_window()
+        if self.micro % self.accumulation == 0:
+            step = self.micro // self.accumulation
+            due = [(what, hook) for every, what, hook in self.step_hooks if step % every == 0]
+            for what, hook in due:
+                with self.untimed(what):
+                    hook(step)
+
+    def end_run(self) -> None:
+        """The loop ended (or failed): the open window closes, the device's queued work is done."""
+        if self._window_start is not None:
+            self._close_window(report=False)
+        synchronize(self.device)
+        self.ended = time.perf_counter()
+
+    @contextlib.contextmanager
+    def untimed(self, what: str) -> Iterator[None]:
+        """Run the block outside the timed windows: the open window closes first (after the device finished
+        the training work queued before it), the block's seconds count under ``what``, and the next window
+        opens at the next optimizer step. Nested blocks count in the outer one."""
+        if self._paused:
+            yield
+            return
+        if self._window_start is not None:
+            self._close_window(report=False)
+        self._paused = True
+        block = BlockSeconds(self.device)
+        try:
+            with block:
+                yield
+        finally:
+            self._paused = False
+            self.untimed_seconds[what] = self.untimed_seconds.get(what, 0.0) + block.seconds
+            self.hook_seconds += block.seconds
 
     def _end_epoch(self, ctx: Any) -> None:
         """An epoch ended: close the window, run the script's hooks untimed, report progress."""
         if self._window_start is not None:
             self._close_window(report=False)
         self.epoch += 1
-        began = time.perf_counter()
-        for hook in self.hooks:
-            hook(self.epoch - 1)
-        self.hook_seconds += time.perf_counter() - began
+        if self.hooks:
+            with self.untimed("end-of-epoch hooks"):
+                for hook in self.hooks:
+                    hook(self.epoch - 1)
         self._report()
 
     def _calls(self, ctx: Any) -> int:
@@ -254,6 +324,11 @@ class RealRun:
 
     def _open_window(self) -> None:
         synchronize(self.device)
+        reading = self.energy() if self.energy is not None else None
+        if self.warmup_samples is None:
+            self.warmup_samples = self.samples
+            self.warmup_joules = reading
+        self._window_energy = reading
         self._window_start = time.perf_counter()
         self._window_micro = self._window_samples = 0
         self._window_wait = 0.0
@@ -264,8 +339,11 @@ class RealRun:
         assert self._window_start is not None
         seconds = time.perf_counter() - self._window_start
         self._window_start = None
+        reading = self.energy() if self.energy is not None and self._window_energy is not None else None
         if self._window_micro > 0 and seconds > 0:
             self.windows.append(Window(seconds, self._window_micro, self._window_samples, self._window_wait))
+            if reading is not None and self._window_energy is not None:
+                self.window_joules = (self.window_joules or 0.0) + max(0.0, reading - self._window_energy)
         last = min(max(0, (self.micro - 1) // self.accumulation) // self.loss_every, len(self._counts) - 1)
         if self._sums is not None and self._counts and self._counts[last]:
             self._last_loss = float(self._sums[last]) / self._counts[last]  # synchronised already
@@ -342,6 +420,104 @@ class RealRun:
     def _report(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.status())
+
+
+class RunClock:
+    """A real run's clock for a loop that a trainer drives (``ctx.step_clock()`` under ``autotune train``).
+
+    The same calls as a study's ``StepClock``, from the adapters' ``StepMeter``: ``begin()`` before a
+    micro-batch fetches its batch, ``fetched()`` once it has it, ``end(samples)`` after its work was queued.
+    They drive the run's warm-up, timed windows and every-N-steps hooks as ``ctx.batches`` does. The trainer
+    counts epochs itself: ``epoch_length(n)`` tells a run of epochs how many micro-batches one has, and
+    ``epoch_ends()`` closes the window there (a trainer's end-of-epoch evaluation and checkpoints are not
+    training). ``untimed(what)`` keeps a trainer's evaluation or saving out of the windows.
+
+    Args:
+        run: The real run.
+    """
+
+    def __init__(self, run: RealRun) -> None:
+        self.run = run
+        self._fetch = 0.0
+        self.steps  # noqa: B018 - plans the run now where its length is known (not a run of epochs)
+        run.begin_run()
+
+    @property
+    def steps(self) -> Optional[int]:
+        """Micro-batches of the whole run; None for a run of epochs until ``epoch_length`` is known."""
+        if self.run.total_micro is None and self.run.length.epochs is not None and self.run.epoch_micro is None:
+            return None
+        return self.run.plan(None)
+
+    @property
+    def epochs(self) -> Optional[int]:
+        """The run's length in epochs, when it was given so (the trainer then counts them)."""
+        return self.run.length.epochs
+
+    def epoch_length(self, micro_batches: int) -> None:
+        self.run.plan(micro_batches)
+
+    @property
+    def done(self) -> bool:
+        """The run's length is trained, or a stop was asked for and an optimizer step just ended."""
+        run = self.run
+        if run.stop_reason is not None and run.micro % run.accumulation == 0:
+            return True
+        total = self.steps
+        return total is not None and run.micro >= total
+
+    def begin(self) -> None:
+        self._fetch = self.run.before_fetch()
+
+    def fetched(self) -> float:
+        self.run.fetched(self._fetch)
+        return time.perf_counter() - self._fetch
+
+    def end(self, samples: int) -> None:
+        self.run.after_step(samples)
+
+    def epoch_ends(self) -> None:
+        run = self.run
+        if run._window_start is not None:
+            run._close_window(report=False)
+        run.epoch += 1
+        run._report()
+
+    def untimed(self, what: str) -> Any:
+        return self.run.untimed(what)
+
+    def close(self) -> None:
+        self.run.end_run()
+
+
+class UntimedClock:
+    """The clock of a context built by hand (no study, no ``autotune train``): it times nothing, and its
+    length is None, so a trainer keeps the length its own arguments give."""
+
+    steps: Optional[int] = None
+    epochs: Optional[int] = None
+    done = False
+
+    def epoch_length(self, micro_batches: int) -> None:
+        pass
+
+    def begin(self) -> None:
+        pass
+
+    def fetched(self) -> float:
+        return 0.0
+
+    def end(self, samples: int) -> None:
+        pass
+
+    def epoch_ends(self) -> None:
+        pass
+
+    def untimed(self, what: str) -> Any:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
 
 
 def _batch_length(batch: Any) -> int:
