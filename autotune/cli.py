@@ -510,6 +510,13 @@ def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
     confirmed = doc.get("confirmed") or {}
     if not confirmed.get("confirmed"):
         lines.append(f"Not confirmed: {confirmed.get('why')}")
+    check = doc.get("accuracy_check") or {}
+    reasons = "; ".join(str(r) for r in check.get("reasons") or [])
+    if check.get("blind"):  # the summary says it: so must the command that prints the pick later
+        lines.append("Accuracy check: blind, nothing vouches for the pick's accuracy" + (f": {reasons}" if reasons
+                                                                                          else ""))
+    elif check.get("partly_blind"):
+        lines.append(f"Accuracy check: part of it is blind ({reasons}); the verdict rests on the other part")
     if doc.get("keep_baseline"):
         lines.append("Apply it: nothing to change; autotune.load_best(" + repr(str(path)) + ") gives the baseline "
                      "back, and the adapters' arguments from it are your own")

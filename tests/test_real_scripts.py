@@ -246,3 +246,33 @@ def test_the_comparisons_energy_line_divides_the_steady_states_not_a_compile_cha
     assert energy == ("Energy: 0.24x the baseline's joules per sample while training; one-time 5,000 J against 20 J "
                       "(start-up, compile, warm-up).")
     assert "0.236 J/sample while training, 5,000 J one-time (1.7 J/sample over the whole run)" in lines[1]
+
+
+# -- 6. output that contradicts itself ---------------------------------------------------------------------
+def test_a_reference_loss_that_rose_is_not_said_to_have_barely_fallen() -> None:
+    from types import SimpleNamespace
+
+    from autotune.study._verdict import ReferenceBand
+
+    def band(losses: list) -> ReferenceBand:
+        return ReferenceBand.of_measurements([SimpleNamespace(losses=losses, metric=None, loss_every=1, extras={})])
+
+    rose = band([7.013] * 4 + [8.006] * 12).loss_blind_reason()
+    assert rose is not None and "training loss rose (7.013 to 8.006)" in rose and "barely fell" not in rose
+    flat = band([7.013] * 4 + [7.0] * 12).loss_blind_reason()
+    assert flat is not None and "training loss barely fell (7.013 to 7)" in flat
+
+
+def test_autotune_best_says_when_the_accuracy_check_was_blind(tmp_path: Path) -> None:
+    from autotune.cli import best_summary
+
+    doc = {"study": "s", "config": {"batch_size": 32}, "trial": 3, "verdict": "1.5x faster than the baseline",
+           "baseline": {"config": {"batch_size": 16}}, "confirmed": {"confirmed": True},
+           "accuracy_check": {"blind": True, "partly_blind": False, "reasons": ["no training loss was recorded"]}}
+    lines = best_summary(doc, tmp_path / "best_config.json")
+    assert "Accuracy check: blind, nothing vouches for the pick's accuracy: no training loss was recorded" in lines
+    doc["accuracy_check"] = {"blind": False, "partly_blind": True, "reasons": ["the metric is saturated"]}
+    assert ("Accuracy check: part of it is blind (the metric is saturated); the verdict rests on the other part"
+            in best_summary(doc, tmp_path / "best_config.json"))
+    doc["accuracy_check"] = {"blind": False, "partly_blind": False, "reasons": []}
+    assert not any(line.startswith("Accuracy check") for line in best_summary(doc, tmp_path / "best_config.json"))

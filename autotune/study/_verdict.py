@@ -170,7 +170,8 @@ class ReferenceBand:
             return None
         start = statistics.fmean(self.firsts)
         if self.drop < LEARNED_FRACTION * abs(start):
-            return (f"the fp32 reference's training loss barely fell ({start:.4g} to {self.mean_final:.4g}), so the "
+            moved = "rose" if self.mean_final > start else "barely fell"  # "barely fell (7.013 to 8.006)" was said
+            return (f"the fp32 reference's training loss {moved} ({start:.4g} to {self.mean_final:.4g}), so the "
                     "loss check cannot tell harmed training from clean")
         if paired_margin is not None:
             if paired_margin > SWAMPED_FRACTION * self.drop:
