@@ -24,6 +24,7 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+import autotune # autotune: train(at) below is one trial, or the real run with the pick
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group
 
@@ -129,6 +130,14 @@ def get_batch(split):
     else:
         x, y = x.to(device), y.to(device)
     return x, y
+
+class Blocks(torch.utils.data.Dataset): # autotune: get_batch('train')'s blocks, for at.loader
+    def __init__(self):
+        self.data = np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
+    def __len__(self):
+        return len(self.data) - block_size
+    def __getitem__(self, i):
+        return tuple(torch.from_numpy(self.data[i+j:i+j+block_size].astype(np.int64)) for j in (0, 1))
 
 # init these up here, can override if init_from='resume' (i.e. from a checkpoint)
 iter_num = 0
@@ -252,15 +261,16 @@ t0 = time.time()
 local_iter_num = 0 # number of iterations in the lifetime of this process
 raw_model = model.module if ddp else model # unwrap DDP container if needed
 running_mfu = -1.0
-while True:
-
-    # determine and set the learning rate for this iteration
-    lr = get_lr(iter_num) if decay_lr else learning_rate
-    for param_group in optimizer.param_groups:
-        param_group['lr'] = lr
-
-    # evaluate the loss on train/val sets and write checkpoints
-    if iter_num % eval_interval == 0 and master_process:
+def train(at): # autotune: replaces the loop; at.config is the trial's (or the pick's) config
+    global model, ctx # estimate_loss evaluates the model as at.config runs it
+    model, ctx = at.model(raw_model), at.autocast()
+    groups = [{'params': g['params'], 'weight_decay': g['weight_decay']} for g in optimizer.param_groups]
+    opt = at.optimizer(torch.optim.AdamW, groups, lr=learning_rate, betas=(beta1, beta2))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: (get_lr(it) if decay_lr else learning_rate) / learning_rate)
+    step = at.train_step(model, opt, clip_grad_norm=grad_clip or None, scheduler=sched) # model(X, Y) -> (logits, loss)
+    def evaluate(iter_num): # every eval_interval steps of the real run, outside its timed windows
+        global best_val_loss
+        lr = opt.param_groups[0]['lr']
         losses = estimate_loss()
         print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
         if wandb_log:
@@ -284,53 +294,14 @@ while True:
                 }
                 print(f"saving checkpoint to {out_dir}")
                 torch.save(checkpoint, os.path.join(out_dir, 'ckpt.pt'))
-    if iter_num == 0 and eval_only:
-        break
+    if master_process:
+        at.on_step_end(evaluate, every=eval_interval)
+    for X, Y in at.batches(at.loader(Blocks(), batch_size=batch_size * gradient_accumulation_steps)):
+        step(X, Y)
+    at.report_metric(estimate_loss()['val'].item()) # the validation loss: tune with --metric-direction minimize
 
-    # forward backward update, with optional gradient accumulation to simulate larger batch size
-    # and using the GradScaler if data type is float16
-    for micro_step in range(gradient_accumulation_steps):
-        if ddp:
-            # in DDP training we only need to sync gradients at the last micro step.
-            # the official way to do this is with model.no_sync() context manager, but
-            # I really dislike that this bloats the code and forces us to repeat code
-            # looking at the source of that context manager, it just toggles this variable
-            model.require_backward_grad_sync = (micro_step == gradient_accumulation_steps - 1)
-        with ctx:
-            logits, loss = model(X, Y)
-            loss = loss / gradient_accumulation_steps # scale the loss to account for gradient accumulation
-        # immediately async prefetch next batch while model is doing the forward pass on the GPU
-        X, Y = get_batch('train')
-        # backward pass, with gradient scaling if training in fp16
-        scaler.scale(loss).backward()
-    # clip the gradient
-    if grad_clip != 0.0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    # step the optimizer and scaler if training in fp16
-    scaler.step(optimizer)
-    scaler.update()
-    # flush the gradients as soon as we can, no need for this memory anymore
-    optimizer.zero_grad(set_to_none=True)
-
-    # timing and logging
-    t1 = time.time()
-    dt = t1 - t0
-    t0 = t1
-    if iter_num % log_interval == 0 and master_process:
-        # get loss as float. note: this is a CPU-GPU sync point
-        # scale up to undo the division above, approximating the true total loss (exact would have been a sum)
-        lossf = loss.item() * gradient_accumulation_steps
-        if local_iter_num >= 5: # let the training loop settle a bit
-            mfu = raw_model.estimate_mfu(batch_size * gradient_accumulation_steps, dt)
-            running_mfu = mfu if running_mfu == -1.0 else 0.9*running_mfu + 0.1*mfu
-        print(f"iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%")
-    iter_num += 1
-    local_iter_num += 1
-
-    # termination conditions
-    if iter_num > max_iters:
-        break
+if __name__ == '__main__':
+    autotune.train(train, steps=max_iters) # python train.py ...: the script as written, max_iters steps
 
 if ddp:
     destroy_process_group()
