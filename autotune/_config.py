@@ -28,6 +28,11 @@ COMPILE_MODES_WITH_GRAPHS: frozenset[str] = frozenset({"reduce-overhead", "max-a
 # "device": a small map-style dataset with deterministic items is copied to the device once and its batches
 # are indexed there, in the DataLoader's order (see autotune/trial/_resident.py).
 LOADERS: tuple[str, ...] = ("torch", "dali", "device")
+# Where a dataset's torchvision transforms run: in the dataset's __getitem__ on the CPU (as the script wrote
+# it), or on the device, batch-wise with a per-sample random draw (see autotune/trial/_augment.py).
+AUGMENTS: tuple[str, ...] = ("dataset", "device")
+# How a trial's error starts when augment=device cannot serve its dataset (a KnobError).
+DEVICE_AUGMENT_REFUSAL = "KnobError: augment=device: "
 # Knobs that only matter for one loader: the space does not ask them for the others.
 TORCH_LOADER_KNOBS: tuple[str, ...] = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 DALI_LOADER_KNOBS: tuple[str, ...] = ("dali_threads", "dali_prefetch")
@@ -110,6 +115,7 @@ class TrialConfig:
     device_data_share: float = DEVICE_DATA_SHARE  # loader=device: the memory share the dataset may fill
     # New fields go last: the order is public (positional construction, tests/test_public_api.py).
     compile_scope: str = "model"  # what ctx.model compiles (see COMPILE_SCOPES); no effect under compile=off
+    augment: str = "dataset"  # where ctx.loader's dataset's transforms run (see AUGMENTS)
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
@@ -120,6 +126,8 @@ class TrialConfig:
             raise ValueError(f"activation_checkpointing must be true or false, not {self.activation_checkpointing!r}")
         if self.compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope must be one of {', '.join(COMPILE_SCOPES)}, not {self.compile_scope!r}")
+        if self.augment not in AUGMENTS:
+            raise ValueError(f"augment must be one of {', '.join(AUGMENTS)}, not {self.augment!r}")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, not {self.allocator!r}")
         if self.batch_policy not in BATCH_POLICIES:
@@ -241,6 +249,8 @@ class TrialConfig:
                 parts.append(f"prefetch={self.prefetch_factor}")
             if self.num_workers > 0 and self.persistent_workers:
                 parts.append("persistent")
+        if self.augment != "dataset":
+            parts.append(f"augment={self.augment}")
         if self.memory_fraction < 1.0:
             parts.append(f"memfrac={self.memory_fraction:.3g}")
         if self.cpu_threads is not None:
@@ -250,6 +260,24 @@ class TrialConfig:
     @property
     def input_pipeline(self) -> str:
         """What the loader knobs mean for the user's own training code, in words (best_config.json)."""
+        if self.augment == "device":
+            return f"{self._loader_words}; {self.augmentation}"
+        return self._loader_words
+
+    @property
+    def augmentation(self) -> str:
+        """What ``augment`` asks of the user's own training code, in words (best_config.json)."""
+        if self.augment != "device":
+            return "augment=dataset: the dataset's transforms run in its __getitem__, on the CPU, as the script wrote it"
+        return ("augment=device: serve the items before their transforms (set the dataset's transform to "
+                "v2.PILToTensor() or none, so each image is a uint8 tensor) and run the same transforms on each "
+                "batch on the GPU, each sample with its own random draw (crop box, flip, jitter factors) from a "
+                "generator seeded by your seed; ctx.loader does both, for the torchvision transforms it "
+                "recognises (RandomResizedCrop, RandomCrop, RandomHorizontalFlip, ColorJitter, Normalize, "
+                "ToDtype, Resize, CenterCrop)")
+
+    @property
+    def _loader_words(self) -> str:
         if self.loader == "device":
             return ("loader=device: copy the whole dataset to the device once (collate every item, move the "
                     "tensors) and take each batch by indexing it there with a seeded permutation per epoch; "

@@ -46,6 +46,7 @@ CONFIG_FIELDS = [
     "dali_threads", "dali_prefetch", "attention", "optimizer_impl", "activation_checkpointing", "bucket_cap_mb",
     "gradient_as_bucket_view", "static_graph", "grad_compression", "batch_policy", "global_batch",
     "processes_per_trial", "processes_per_gpu", "mps", "allocator", "device_data_share", "compile_scope",
+    "augment",
 ]
 # What a train_fn calls on its TrialContext.
 CONTEXT_HELPERS = {

@@ -45,7 +45,7 @@ PRIOR_CAPTURE_S = 1.0
 # Knobs that change neither the compiled graph's shapes nor its mode: a compile is shared across them.
 _NOT_COMPILED = frozenset({"precision", "cuda_graphs", "num_workers", "pin_memory", "prefetch_factor",
                            "persistent_workers", "loader", "dali_threads", "dali_prefetch", "cpu_threads",
-                           "memory_fraction", "cudnn_benchmark", "optimizer_impl"})
+                           "memory_fraction", "cudnn_benchmark", "optimizer_impl", "augment"})
 
 
 # The precisions whose compiles share the caches, by the graph they trace. Autocast's half precisions trace one:

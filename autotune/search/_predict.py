@@ -27,7 +27,7 @@ INPUT_BOUND = 0.5  # share of a trial's timed windows spent waiting on input abo
 WORTH = 1.05  # a variant predicted this much faster than the incumbent is worth a full trial
 MAX_LOADER_PROBES = 12  # cheap, but a space with many loader values should not probe them all
 AS_TRIAL = "as_trial"  # a loader probe record's status where its variant ran as a full trial, not probed
-LOADER_KNOBS = ("loader", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+LOADER_KNOBS = ("loader", "augment", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def loader_moves(values: Mapping[str, Sequence[Any]], current: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

@@ -108,6 +108,9 @@ DEFAULT_PRIORS: dict[str, tuple[Any, ...]] = {
     # The DataLoader first: it runs anything. Where the step waits on it, the walk tries the loader first
     # (BOTTLENECK_KNOBS), and serving the data from the device removes the wait altogether.
     "loader": ("torch", "device", "dali"),
+    # The dataset's own transforms first, as the script wrote them: moving them to the device pays only where
+    # the step waits on the workers' augmentation.
+    "augment": ("dataset", "device"),
     # torch's own pick first; then the fused kernels, fastest where they run; explicit attention last.
     "attention": ("auto", "flash", "cudnn", "efficient", "math", "explicit"),
     "optimizer_impl": ("fused", "foreach", "default"),
@@ -138,6 +141,7 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
     "gradient_as_bucket_view",
     "static_graph",
     "loader",
+    "augment",
     "dali_threads",
     "dali_prefetch",
     "num_workers",
@@ -152,7 +156,7 @@ DEFAULT_KNOB_ORDER: tuple[str, ...] = (
 )
 _TAKEN = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 INPUT_KNOBS = frozenset({"num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "loader",
-                         "dali_threads", "dali_prefetch"})
+                         "dali_threads", "dali_prefetch", "augment"})
 COMPUTE_KNOBS = frozenset({"precision", "compile", "compile_scope", "channels_last", "cuda_graphs", "cudnn_benchmark",
                            "attention", "optimizer_impl", "activation_checkpointing"})
 # The bottleneck labels of autotune.insight (the search layer reads the stored strings, not that module).

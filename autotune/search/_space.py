@@ -20,6 +20,7 @@ import yaml
 from autotune._config import (
     ALLOCATORS,
     ATTENTION_BACKENDS,
+    AUGMENTS,
     BATCH_POLICIES,
     COMPILE_MODES,
     COMPILE_MODES_WITH_GRAPHS,
@@ -44,7 +45,7 @@ _BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", 
                "activation_checkpointing", "gradient_as_bucket_view", "static_graph", "mps")
 _CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "compile_scope": COMPILE_SCOPES,
                  "loader": LOADERS, "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
-                 "grad_compression": GRAD_COMPRESSIONS, "allocator": ALLOCATORS}
+                 "grad_compression": GRAD_COMPRESSIONS, "allocator": ALLOCATORS, "augment": AUGMENTS}
 
 
 def _check_value(knob: str, value: Any) -> Optional[str]:
@@ -981,6 +982,8 @@ def _process_removals(space: SearchSpace, caps: Any) -> list[tuple[str, Any, str
 
 # How the reason starts when the reference run's dataset cannot be served from the device (``restrict_to_model``).
 DEVICE_LOADER_REFUSED = "the reference run's dataset cannot be kept on the device"
+# How the reason starts when augment=device cannot run the reference run's transforms (``restrict_to_model``).
+DEVICE_AUGMENT_REFUSED = "the reference run's transforms cannot run on the device"
 # Why loader=device goes when the reference run built no ``ctx.loader`` (its data comes another way).
 NO_CTX_LOADER = "the script builds no ctx.loader (loader=device serves the dataset given to ctx.loader)"
 # Why channels_last goes when the reference run shows no layer with 4-D activations (see ``restrict_to_model``).
@@ -995,7 +998,9 @@ NO_REPEATED_BLOCKS = ("the model has no repeated blocks (ctx.model found no nn.M
 def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
                       device_loader: Optional[str] = None,
                       linear_layers: Optional[list[list[int]]] = None,
-                      repeated_blocks: Optional[list[str]] = None) -> SearchSpace:
+                      repeated_blocks: Optional[list[str]] = None,
+                      device_augment: Optional[str] = None,
+                      device_loader_augmented: Optional[str] = None) -> SearchSpace:
     """Remove the knob values that cannot matter for this model, or cannot run for its data, recording why.
 
     ``activations_4d`` is what the reference run recorded (``ctx.model`` looks for image layers; None when
@@ -1008,13 +1013,28 @@ def restrict_to_model(space: SearchSpace, *, activations_4d: Optional[bool],
     its predicted gain is the share of the linear work it converts (``predicted_gains``).
     ``repeated_blocks`` are the model's groups of repeated blocks (``autotune.trial._regions``; None: not
     recorded): where there is none, ``compile_scope=regions`` goes (unless the baseline uses it).
+    ``device_augment`` is what the reference run's ``ctx.loader`` found of ``augment=device``: ``"ok"``, or
+    why its transforms cannot run on the device (the transform named); then ``augment=device`` goes.
+    ``device_loader_augmented`` says whether the items before their transforms could be kept on the
+    device: where only they can (random augmentation in the dataset), ``loader=device`` stays, paired
+    with ``augment=device`` alone.
     """
+    if device_augment and device_augment != "ok" and space.baseline.augment != "device":
+        space = space.without("augment", "device", f"{DEVICE_AUGMENT_REFUSED}: {device_augment}")
     if repeated_blocks == [] and space.baseline.compile_scope != "regions":
         space = space.without("compile_scope", "regions", NO_REPEATED_BLOCKS)
     if activations_4d is False and not space.baseline.channels_last:
         space = space.without("channels_last", True, NO_4D_ACTIVATIONS)
     if device_loader and device_loader != "ok" and space.baseline.loader != "device":
-        space = space.without("loader", "device", f"{DEVICE_LOADER_REFUSED}: {device_loader}")
+        why = f"{DEVICE_LOADER_REFUSED}: {device_loader}"
+        if device_loader_augmented == "ok" and "device" in _values_here(space, "augment") \
+                and "device" in _values_here(space, "loader"):
+            # Its items before their transforms can be kept there: loader=device runs with augment=device only.
+            space = space.with_combination(Combination(
+                values=(("loader", "device"), ("augment", "dataset")),
+                reason=f"{why} (its items before their transforms can be, with augment=device)"))
+        else:
+            space = space.without("loader", "device", why)
     if linear_layers is not None and "fp8" in _values_here(space, "precision"):
         why = _float8.no_conversion_reason(linear_layers)
         if why and space.baseline.precision != "fp8":

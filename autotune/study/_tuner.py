@@ -528,10 +528,10 @@ class Tuner:
         space = _space.restrict_to_model(space, activations_4d=None, linear_layers=_linear_layers(attrs),
                                          repeated_blocks=_repeated_blocks(attrs))
         removed = attrs.get("removed_knobs") or {}
-        if "channels_last=true" not in removed and "loader=device" not in removed:
+        if "channels_last=true" not in removed and "loader=device" not in removed and not _augment_facts(attrs):
             return space  # created before these rules, or nothing was removed for the model or its data
         return _space.restrict_to_model(space, activations_4d=_activations_4d(attrs),
-                                        device_loader=_device_loader(attrs))
+                                        device_loader=_device_loader(attrs), **_augment_facts(attrs))
 
     def _add_baseline_trial(self, study: optuna.Study, space: _space.SearchSpace, reference: dict[str, Any]) -> None:
         """Record the first reference run as trial 0, so the untuned config competes like any other.
@@ -711,6 +711,7 @@ class Tuner:
                         space = self._plan_compiles(space, reference)
                         space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
                                                          device_loader=_device_loader(reference),
+                                                         **_augment_facts(reference),
                                                          linear_layers=_linear_layers(reference),
                                                          repeated_blocks=_repeated_blocks(reference))
                         with _storage_errors(storage_label, self.study_name), clock.part("setup"):
@@ -878,6 +879,13 @@ def _device_loader(reference: dict[str, Any]) -> Optional[str]:
     if extras and not extras.get("loader_built"):
         return _space.NO_CTX_LOADER  # measured without ctx.loader: there is no dataset to serve
     return value if isinstance(value, str) else None
+
+
+def _augment_facts(reference: dict[str, Any]) -> dict[str, str]:
+    """What the reference run's ``ctx.loader`` found of ``augment=device`` (``device_augment``) and of keeping
+    its items before their transforms on the device (``device_loader_augmented``): those it recorded."""
+    extras = (reference.get("reference_measurement") or {}).get("extras") or {}
+    return {k: extras[k] for k in ("device_augment", "device_loader_augmented") if isinstance(extras.get(k), str)}
 
 
 def _creation_done(study: optuna.Study) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from autotune.trial import _copies, _distributed, _float8, _images, _knobs, _phase, _regions, _resident
+from autotune.trial import _augment, _copies, _distributed, _float8, _images, _knobs, _phase, _regions, _resident
 from autotune._config import SLOW_VARIANT_SHARE, Budget, Measurement, TrialConfig, bin_means
 from autotune._errors import KnobError, WorkloadError
 from autotune._files import write_atomic
@@ -238,7 +238,7 @@ class TrialContext:
             return _knobs.explicit_attention(query, key, value, **kwargs)
         return torch.nn.functional.scaled_dot_product_attention(query, key, value, **kwargs)
 
-    def loader(self, dataset: Any, *, shuffle: bool = True, **kwargs: Any) -> Iterable[Any]:
+    def loader(self, dataset: Any, *, shuffle: bool = True, transform: Any = None, **kwargs: Any) -> Iterable[Any]:
         """A DataLoader with the config's batch size, workers, pinning and prefetching.
 
         ``dataset`` may also be the script's own ``torch.utils.data.DataLoader``: it is rebuilt with the
@@ -261,10 +261,18 @@ class TrialContext:
         the DataLoader's, element by element. A study's trial that loads in this process (no workers)
         also checks whether its dataset could be served so, and records the answer (``device_loader``).
 
+        ``transform`` declares the transforms of a dataset that holds none (torchvision's keep theirs in
+        ``dataset.transform``, which is found there): it is applied to each item's first field. With
+        ``augment=device`` the items are served before their transforms (the image as a tensor, uint8 from a
+        PIL image) and the same transforms run on each batch on the device, each sample with its own draw
+        (``autotune.trial._augment``); the batches come out on the device. The study's trial that loads in
+        this process records whether its dataset could be served so (``device_augment``).
+
         Raises:
             KnobError: ``shuffle`` with an IterableDataset; ``loader=device`` for a dataset it cannot keep
                 (random augmentation, no ``__len__``, an IterableDataset, too large for
-                ``device_data_share``), with the reason; a DataLoader with its own ``batch_sampler``.
+                ``device_data_share``), with the reason; a DataLoader with its own ``batch_sampler``;
+                ``augment=device`` for transforms it cannot run on the device (the first one named).
         """
         cfg = self.config
         sampler = None
@@ -291,20 +299,61 @@ class TrialContext:
                                            world_size=self.world_size)
         self.extras["loader_built"] = True  # ctx.loader is in use: the loop may probe the loader apart
         if self.probe == "loader":
-            self._probe_loaders(dataset, options, kwargs)  # raises ProbeDone
+            self._probe_loaders(dataset, options, kwargs, transform)  # raises ProbeDone
         options = self._loader_options(cfg, options, kwargs)
-        if cfg.loader == "device":
-            served = self._device_loader(dataset, options)
-            self._epoch_steps = len(served)
-            return served
-        if self.budget is not None and options["num_workers"] == 0:
+        if self.budget is not None and cfg.loader != "device" and options["num_workers"] == 0:
             # Items are read in this process anyway, so a few more reads fork no worker with open handles.
             share = cfg.device_data_share
-            self.extras["device_loader"] = _resident.refusal(dataset, share=share, device=self.device) or "ok"
-        loader = torch.utils.data.DataLoader(dataset, **options)
+            written = _augment.Transformed(dataset, transform) if transform is not None else dataset
+            self.extras["device_loader"] = _resident.refusal(written, share=share, device=self.device) or "ok"
+            self._check_augment(dataset, transform, options)
+        loader = self._serve(dataset, options, cfg, transform)
         with contextlib.suppress(TypeError):
             self._epoch_steps = len(loader)
         return loader
+
+    def _serve(self, dataset: Any, options: dict[str, Any], cfg: TrialConfig, transform: Any = None, *,
+               variant: bool = False) -> Iterable[Any]:
+        """The loader of ``cfg`` over ``dataset`` with the DataLoader arguments ``options``: the transforms on
+        the device under ``augment=device``, the (served) items on the device under ``loader=device``, else a
+        DataLoader. ``variant``: a loader probe's further config, which records nothing of its own."""
+        planned = None
+        if cfg.augment == "device":
+            try:
+                planned = _augment.plan(dataset, transform, collate_fn=options.get("collate_fn"))
+            except _augment.Unsupported as exc:
+                raise KnobError(f"augment=device: {exc}") from None  # the study reads it as DEVICE_AUGMENT_REFUSAL
+            dataset = planned.served
+        elif transform is not None:
+            dataset = _augment.Transformed(dataset, transform)
+        if cfg.loader == "device":
+            loader: Iterable[Any] = self._device_loader(dataset, options, cfg if variant else None)
+        else:
+            loader = torch.utils.data.DataLoader(dataset, **options)
+        if planned is None:
+            return loader
+        # One stream of draws per rank: ranks of one trial augment their shares differently, as workers would.
+        pipeline = _augment.compile_pipeline(planned.transform, planned.chw, integer=planned.integer,
+                                             seed=self.seed * 1_000_003 + self.rank, device=self.device)
+        if not variant:
+            self.extras["augment_transforms"] = planned.names
+        return _augment.AugmentedLoader(loader, pipeline, planned.path, self.device)
+
+    def _check_augment(self, dataset: Any, transform: Any, options: dict[str, Any]) -> None:
+        """Record whether ``augment=device`` could serve ``dataset`` (``device_augment``: "ok" or why not, the
+        transform it cannot run named) and, where the dataset as written cannot be kept on the device, whether
+        its items before their transforms could (``device_loader_augmented``)."""
+        try:
+            planned = _augment.plan(dataset, transform, collate_fn=options.get("collate_fn"))
+        except _augment.Unsupported as exc:
+            self.extras["device_augment"] = str(exc)
+            return
+        self.extras["device_augment"] = "ok"
+        self.extras["augment_transforms"] = planned.names
+        if self.extras.get("device_loader") != "ok":
+            share = self.config.device_data_share
+            self.extras["device_loader_augmented"] = _resident.refusal(planned.served, share=share,
+                                                                       device=self.device) or "ok"
 
     def _adopt_batch(self, script_batch: int) -> None:
         """Under ``adopt_script_batch``: train at the script's per-rank ``batch_size`` from here on, when the
@@ -350,7 +399,8 @@ class TrialContext:
         out.update(kwargs)
         return out
 
-    def _probe_loaders(self, dataset: Any, options: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    def _probe_loaders(self, dataset: Any, options: dict[str, Any], kwargs: dict[str, Any],
+                       transform: Any = None) -> None:
         """A loader probe: the config's loader, then each of ``loader_variants``, built on the dataset and
         iterated alone (``_measure_loader``). The config's windows are the probe's measurement; each
         variant's median window rate, or why it could not be built, goes to ``extras``. A variant whose first
@@ -365,8 +415,7 @@ class TrialContext:
             built = self._loader_options(cfg, {**options, "batch_size": cfg.batch_size}, kwargs)
             recorder = self.recorder if index == 0 else WindowRecorder(self.device)
             try:
-                loader = self._device_loader(dataset, built, cfg if index else None) if cfg.loader == "device" else \
-                    torch.utils.data.DataLoader(dataset, **built)
+                loader = self._serve(dataset, built, cfg, transform, variant=bool(index))
                 self._measure_loader(loader, cfg, recorder, stop_below=SLOW_VARIANT_SHARE * fastest if index else None)
             except Exception as exc:  # noqa: BLE001 - one variant's fault (a refusal, a worker's crash) is its own
                 if index == 0:
