@@ -200,22 +200,39 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
     if best is not None and winner is not None and int(winner) == best.number and baseline.get("median"):
         # Pair each round's winner run with the same round's baseline run: the spread of those ratios
         # is what the alternation says about the speed-up.
+        import statistics
+
+        from autotune.study._confirm import TRIAL_GAP, disagreement  # the race's own threshold (it imports this)
+
         key = str(best.number)
         pairs = [(r.get(key), b) for r, b in zip(confirmed.get("rounds", []), baseline["throughputs"])]
         ratios = [w / b for w, b in pairs if w and b]
         race = confirmed.get("race") or {}
-        if race.get("noisy"):
-            # The machine's speed moved under the race: any of the pick's runs against any of the baseline's,
-            # and their full trials too when those disagreed with the race.
-            mine = [r.get(key) for r in confirmed.get("rounds", []) if r.get(key)]
-            theirs = [b for b in baseline["throughputs"] if b]
-            trials = confirmed.get("trial_throughputs") or {}
-            base_key = "baseline" if baseline.get("trial") is None else str(baseline["trial"])
-            if race.get("noise_from_trials"):
-                mine += [trials[key]] if trials.get(key) else []
-                theirs += [trials[base_key]] if trials.get(base_key) else []
+        mine = [r.get(key) for r in confirmed.get("rounds", []) if r.get(key)]
+        theirs = [b for b in baseline["throughputs"] if b]
+        trials = confirmed.get("trial_throughputs") or {}
+        base_key = "baseline" if baseline.get("trial") is None else str(baseline["trial"])
+        own, base = trials.get(key), trials.get(base_key)
+        # The full trials join the range whenever either one's race runs are more than TRIAL_GAP from it
+        # (not only when that gap was the race's largest source of noise), and whenever the trials say slower
+        # where the race says faster: a range never says "faster" where the pick's own trial ran slower.
+        trials_join = bool(own and base) and (
+            bool(race.get("noise_from_trials"))
+            or any(runs and disagreement([statistics.median(runs), trial]) > TRIAL_GAP
+                   for runs, trial in ((mine, own), (theirs, base)))
+            or (own < base and min(ratios, default=math.inf) > 1.0))
+        if race.get("noisy") or trials_join:
+            # The machine's speed moved under the race (or away from the trials): any of the pick's runs against
+            # any of the baseline's, with their full trials where those join.
+            if trials_join:
+                mine, theirs = [*mine, own], [*theirs, base]
             noise = float(race.get("noise", race.get("baseline_disagreement", 0.0)))
-            reason = race.get("noisy_reason") or f"the baseline's own runs in the race differed by {noise:.0%}"
+            if race.get("noisy"):
+                reason = race.get("noisy_reason") or f"the baseline's own runs in the race differed by {noise:.0%}"
+            else:
+                noise = disagreement([min(ratios, default=own / base), own / base])
+                reason = (f"the race's runs and the full trials disagreed: #{key}'s trial ran at {own:,.0f}/s "
+                          f"against the baseline's {base:,.0f}/s")
             return _SpeedupEvidence(baseline["median"], min(mine) / max(theirs), max(mine) / min(theirs),
                                     "alternation", len(ratios), noisy=noise, noisy_reason=reason)
         return _SpeedupEvidence(baseline["median"], min(ratios, default=math.nan), max(ratios, default=math.nan),

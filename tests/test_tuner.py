@@ -19,7 +19,7 @@ from autotune import StudyError, TrialConfig, Tuner, WorkloadError, load_best, l
 from autotune.insight._report import summary_lines
 from autotune.search._space import restrict_to
 from autotune._records import summarize_study
-from autotune.study._confirm import OUT_OF_REACH
+from autotune.study._confirm import OUT_OF_REACH, TRIAL_GAP, disagreement
 from workloads import WORKLOADS
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -129,12 +129,19 @@ def test_study_end_to_end(tmp_path: Path, cpu_caps, write_space, backend: str, t
     assert result.speedup == pytest.approx(result.best.throughput / baseline["median"])
     ratios = [r[str(winner)] / b for r, b in zip(confirmation["rounds"], baseline["throughputs"]) if b and r[str(winner)]]
     assert result.speedup_basis == "alternation" and result.speedup_rounds == len(ratios) >= 2
-    if confirmation["race"]["noisy"]:  # the race's runs disagreed: every pick run against every baseline run
-        mine = list(confirmation["throughputs"][str(winner)])
-        theirs = list(base_runs)
-        if confirmation["race"]["noise_from_trials"]:  # with their full trials, which the race contradicted
-            mine.append(confirmation["trial_throughputs"][str(winner)])
-            theirs.append(confirmation["trial_throughputs"]["baseline"])
+    mine = list(confirmation["throughputs"][str(winner)])
+    theirs = list(base_runs)
+    own, base = confirmation["trial_throughputs"][str(winner)], confirmation["trial_throughputs"]["baseline"]
+    # The full trials join whenever either one's race runs are more than TRIAL_GAP from it, or they say slower
+    # where every round says faster.
+    trials_join = (confirmation["race"]["noise_from_trials"]
+                   or any(disagreement([statistics.median(runs), trial]) > TRIAL_GAP
+                          for runs, trial in ((mine, own), (theirs, base)))
+                   or (own < base and min(ratios) > 1.0))
+    if confirmation["race"]["noisy"] or trials_join:  # every pick run against every baseline run
+        if trials_join:
+            mine.append(own)
+            theirs.append(base)
         low, high = min(mine) / max(theirs), max(mine) / min(theirs)
     else:
         low, high = min(ratios), max(ratios)
