@@ -340,7 +340,7 @@ class Budget:
     warmup_steps: int = 5
     windows: int = 3
     # Set by the study, never by a space (see SPACE_FIELDS). ``seconds``: a run's share of a study's budget,
-    # counted from the trial context's creation; ``ctx.batches`` shortens the timed windows (and so the
+    # counted from the trial process's start; ``ctx.batches`` shortens the timed windows (and so the
     # samples trained) to end inside it, and records the length it trained. ``schedule_samples``: the length
     # ``ctx.optimizer_steps`` reports when runs train fewer ``samples`` than that (every run after a
     # shortened reference), so a schedule spans the same steps in every run and the trajectories stay paired.

@@ -236,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-diagnosis", action="store_true",
                      help="replay the table without its diagnosis fields (data_wait_fraction, loader_rate, "
                           "step_rate), as a study whose trials record no input wait sees it")
+    sim.add_argument("--budget", type=_positive_float, metavar="MINUTES",
+                     help="replay whole studies under this budget through the study's planner (references, probes, "
+                          "trials, longer evidence, the race), charged at the table's costs, one per seed")
+    sim.add_argument("--rules", choices=("current", "before"), default="current",
+                     help="with --budget: the planner's rules now, or before its race and evidence rules (default "
+                          "current)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
     dash = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
@@ -591,6 +597,34 @@ def _shortened(text: str, limit: int = DESCRIPTION_CHARS) -> str:
     return f"{first[:limit].rstrip()}... ({left:,} more characters)"
 
 
+def _simulate_studies(table: Any, args: argparse.Namespace) -> int:
+    """``autotune simulate TABLE --budget MINUTES``: whole studies replayed, one per seed (``study/_replay``)."""
+    from autotune.study._replay import replay_studies
+
+    document = replay_studies(table, budget_minutes=args.budget, seeds=args.seeds, noise=args.noise, top_k=args.top_k,
+                              n_trials=args.trials, max_accuracy_loss=args.max_accuracy_loss, rules=args.rules)
+    if args.json:
+        print(json.dumps(document))
+        return 0
+    from rich.table import Table
+
+    from autotune.study._progress import make_console
+
+    out = Table(title=f"{table.name}: whole studies under --budget {args.budget:g} ({args.rules} rules)",
+                caption=f"pick share: median {document['pick_share_median']:.3f}, worst "
+                        f"{document['pick_share_worst']:.3f}; noise +-{args.noise:g}")
+    for column in ("seed", "pick", "share", "verdict", "first faster starts", "wall"):
+        out.add_column(column)
+    for run in document["runs"]:
+        first = run["first_faster_start_s"]
+        out.add_row(str(run["seed"]), ", ".join(f"{k}={v}" for k, v in (run["pick"] or {}).items()) or "-",
+                    f"{run['pick_share']:.3f}", run["pick_verdict"],
+                    "never" if first is None else f"{first:.0f} s ({first / (args.budget * 60):.0%})",
+                    f"{run['seconds']:.0f} s")
+    make_console().print(out)
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from autotune.search._simulate import ReplayTable, simulate, summaries_document
 
@@ -599,6 +633,8 @@ def _simulate(args: argparse.Namespace) -> int:
     table = ReplayTable.load(args.table)
     if args.no_diagnosis:
         table = table.without_diagnosis()
+    if args.budget is not None:
+        return _simulate_studies(table, args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     summaries = simulate(table, strategies=strategies, trials=args.trials, seeds=args.seeds, noise=args.noise,
                          top_k=args.top_k, max_accuracy_loss=args.max_accuracy_loss, probes=args.probes)

@@ -12,6 +12,9 @@ STEP_ENV = "AUTOTUNE_TEST_STEP_SECONDS"  # the baseline's step; optimizer_impl=f
 ITEM_ENV = "AUTOTUNE_TEST_ITEM_SECONDS"  # each item's read in the Dataset (the input pipeline's cost)
 FAST_FACTOR = 5.0
 RUNS_ENV = "AUTOTUNE_TEST_RUNS"  # a file: each full run (not a probe) appends the batch it trained at
+BUILD_ENV = "AUTOTUNE_TEST_BUILD_SECONDS"  # slept at import: a script that builds its data when imported
+
+time.sleep(float(os.environ.get(BUILD_ENV, "0") or 0))
 
 
 class SlowItems(torch.utils.data.Dataset):

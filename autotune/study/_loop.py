@@ -16,7 +16,8 @@ from typing import Any, Optional
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune._config import DEVICE_LOADER_REFUSAL, Colocation, Measurement, TrialConfig, TrialOutcome, TrialRecord
+from autotune._config import (DEVICE_AUGMENT_REFUSAL, DEVICE_LOADER_REFUSAL, Colocation, Measurement, TrialConfig,
+                              TrialOutcome, TrialRecord)
 from autotune._records import (BATCH_REFERENCE, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials,
                                _distinct_configs, _feasible)
 from autotune._errors import StudyError
@@ -208,7 +209,7 @@ class TrialLoop:
                        clock=self.clock, probes=self.probes is not None,
                        race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
                        extend_cost=(lambda attrs, length: self.references.extension_seconds(self.study, attrs, length))
-                       if self.clock.budgeted else None,
+                       if self.clock.budgeted else None, budgeted=self.clock.budgeted,
                        probed=lambda best: best.number in self._probed or (
                            self.probes is not None and self.probes.probed(best.config)),
                        device_next=lambda best: self.probes is not None
@@ -515,6 +516,9 @@ class TrialLoop:
         if outcome.error.startswith(DEVICE_LOADER_REFUSAL):
             # The dataset cannot be kept on the device, whatever the other knobs: the walk drops the value.
             trial.set_user_attr("refused_value", {"knob": "loader", "value": "device"})
+        if outcome.error.startswith(DEVICE_AUGMENT_REFUSAL):
+            # Its transforms cannot run on the device (one is named), whatever the other knobs: likewise.
+            trial.set_user_attr("refused_value", {"knob": "augment", "value": "device"})
         if outcome.status == "compile_timeout":
             # That compile mode is slow for this model, not the config broken (search/_compile reads these).
             trial.set_user_attr("compile_mode", config.compile)

@@ -42,7 +42,8 @@ from optuna.trial import TrialState
 
 from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, SUPERSEDED, _best_record,
                                _budget_trials)
-from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS
+from autotune.search._cost import CostModel, samples_from_trials
+from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES
 from autotune.study._budget import MIN_RUN_S, StudyClock
 
 NOT_RUN = ("infeasible", CANNOT_RUN, OVER_BUDGET)  # statuses of trials answered without a run
@@ -58,7 +59,8 @@ BASELINE_SPEED = "baseline-speed"
 RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
 __all__ = ["BASELINE_SPEED", "EXTEND", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON",
            "SHORT_EVIDENCE", "STOP", "TRIAL", "Decision", "Extension", "StudyView", "admit", "extension_candidate",
-           "faster_candidate", "first_faster", "full_length_budget", "next_action", "over_budget_reason", "probes_why",
+           "extension_seconds", "faster_candidate", "first_faster", "full_length_budget", "next_action", "over_budget_reason",
+           "probe_round_seconds", "probes_why",
            "reference_seconds", "step_levers", "view_of"]
 # Trial attribute: the verdict is ``unchecked`` because the evidence the budget shortened could not tell (the
 # pairing with fp32 decayed and the seeds' band sees no harm): its value is the fraction of the space's length
@@ -135,6 +137,8 @@ class StudyView:
         decisive_seconds: Where the next queued trial is the probes' pick, predicted to outrun the best so
             far by more than the race's reach (``_confirm.OUT_OF_REACH``): its predicted seconds with one round
             of a race of it and the baseline. None otherwise.
+        probe_seconds: What a probe round of ``best`` and the trial it queues are predicted to cost
+            (``probe_round_seconds``): a round that cannot be followed by its trial is not run.
         faster_found: A feasible full trial (not a reference run) faster than the baseline exists: only then is
             the race's time kept free (``reserve``).
         extension: The fastest full trial, ``unchecked`` on evidence the budget shortened, not yet given
@@ -159,6 +163,7 @@ class StudyView:
     budget_seconds: Optional[float] = None
     baseline_speed_pending: bool = False
     decisive_seconds: Optional[float] = None
+    probe_seconds: float = 0.0
     faster_found: bool = False
     extension: Optional[Extension] = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -246,6 +251,11 @@ def next_action(view: StudyView) -> Decision:
                                    "loader is not ctx.loader's, so no probe can isolate it: the walk moves the "
                                    "loader knobs by full trials")
         who = "the reference" if view.best_is_reference else f"trial #{best.get('number')}, the best so far,"
+        if not view.device_next and view.probe_seconds + view.reserve > view.usable_seconds:
+            return Decision(TRIAL, f"{who} waits {best['data_wait_fraction']:.0%} on its input, but a probe round "
+                                   f"and the trial it would queue need about {view.probe_seconds:.0f} s, more than "
+                                   f"the {max(0.0, view.usable_seconds - view.reserve):.0f} s left: the walk moves "
+                                   "the loader knobs by full trials")
         if view.device_next:
             return Decision(PROBE, f"{who} waits {best['data_wait_fraction']:.0%} on its input and the space "
                                    "offers the device-resident loader: that variant runs as the next full trial, "
@@ -263,7 +273,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
             device_next: Callable[[Any], bool] = lambda record: False,
             references_done: int = 2, reference_repeats: int = 2,
             decisive: Callable[[Any], Optional[float]] = lambda trial: None,
-            extend_cost: Optional[Callable[[Mapping[str, Any], float], float]] = None) -> StudyView:
+            extend_cost: Optional[Callable[[Mapping[str, Any], float], float]] = None,
+            budgeted: bool = False) -> StudyView:
     """The planner's view of an Optuna study (a running one, or one recorded earlier).
 
     Args:
@@ -275,6 +286,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         decisive: A queued trial's ``StudyView.decisive_seconds`` (None where it is no decisive pick).
         extend_cost: What longer evidence for a trial (its attributes) at a share of the space's length costs:
             its run and the fp32 references' at that length. None: no extension is planned (no budget).
+        budgeted: The study has a budget: a probe round is priced (``probe_round_seconds``).
     """
     trials = study.get_trials(deepcopy=False)
     best = _best_record(study)
@@ -302,7 +314,35 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
         baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)),
         decisive_seconds=decisive(waiting[0]) if waiting else None, faster_found=faster is not None,
+        probe_seconds=probe_round_seconds(study, best.config) if budgeted and best is not None else 0.0,
         extension=extension)
+
+
+# The timed windows of one loader variant in a loader probe (a few short windows at the loader's rate).
+PROBE_WINDOW_S = 1.0
+
+
+def probe_round_seconds(study: Any, config: Any) -> float:
+    """What a probe round of the incumbent ``config`` and the trial it queues are predicted to cost, from the
+    study's cost model: the loader probe's process with ``MAX_LOADER_PROBES`` variants' windows, the step
+    probe (a process of the incumbent, its compile cached: at most its trial) and the queued trial (about
+    the incumbent's)."""
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    return model.overhead + MAX_LOADER_PROBES * PROBE_WINDOW_S + 2 * model.predict(config.to_dict())
+
+
+def extension_seconds(study: Any, attrs: Mapping[str, Any], length: float, *, reference: Mapping[str, Any],
+                      repeats: int, full_samples: int) -> float:
+    """What longer evidence for a trial (its attributes) at ``length`` of the space's length (``full_samples``)
+    is predicted to cost, from the study's cost model: its run, and ``repeats`` fp32 reference runs
+    (``reference``: their config) at that length."""
+    config = dict(attrs["config"])
+    batch = int(config.get("global_batch") or config.get("batch_size") or 1)
+    samples = max(batch, int(length * full_samples) // batch * batch)
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    rates = study.user_attrs.get("reference_throughputs") or [study.user_attrs.get("baseline_throughput")]
+    return (model.predict(config, rate=attrs.get("throughput") or None, samples=samples)
+            + repeats * model.predict(dict(reference), rate=rates[0] or None, samples=samples))
 
 
 def _judged_feasible(attrs: Mapping[str, Any]) -> bool:

@@ -28,9 +28,9 @@ from autotune._records import (
 )
 from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
-from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._confirm import speed_budget
-from autotune.study._planner import (EXTENDED, SHORT_EVIDENCE, Extension, full_length_budget, reference_seconds)
+from autotune.study._planner import (EXTENDED, SHORT_EVIDENCE, Extension, extension_seconds, full_length_budget,
+                                     reference_seconds)
 from autotune.study._progress import _Progress
 from autotune.study._runner import TrialRunner
 from autotune.study._verdict import ReferenceBand, Verdict, fingerprints, judge
@@ -339,16 +339,9 @@ class References:
         return max(batch, int(length * self._full_samples(study)) // batch * batch)
 
     def extension_seconds(self, study: optuna.Study, attrs: Any, length: float) -> float:
-        """What longer evidence for a trial (its attributes) at ``length`` of the space's length is predicted
-        to cost: its run and the fp32 references' at that length (``_planner.EXTEND``)."""
-        config = TrialConfig.from_dict(attrs["config"])
-        samples = self._extended_samples(study, config, length)
-        model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
-        reference = self._reference_of(self._baseline)
-        rates = study.user_attrs.get("reference_throughputs") or [study.user_attrs.get("baseline_throughput")]
-        return (model.predict(config.to_dict(), rate=attrs.get("throughput") or None, samples=samples)
-                + self.options.reference_repeats * model.predict(reference.to_dict(), rate=rates[0] or None,
-                                                                 samples=samples))
+        """``_planner.extension_seconds`` of a trial (its attributes) at ``length`` of the space's length."""
+        return extension_seconds(study, attrs, length, reference=self._reference_of(self._baseline).to_dict(),
+                                 repeats=self.options.reference_repeats, full_samples=self._full_samples(study))
 
     def extend(self, study: optuna.Study, number: int, extension: Extension, ui: _Progress) -> None:
         """Longer evidence for trial ``number``, whose shortened evidence could not tell (``_planner.EXTEND``):

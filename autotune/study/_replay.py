@@ -35,20 +35,22 @@ from typing import Any, Mapping, Optional, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from autotune._config import Budget, Measurement, TrialConfig, TrialOutcome
+from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome
 from autotune._errors import TableError
-from autotune._records import CONFIRMATION, SUPERSEDED, _best_record, _distinct_configs
+from autotune._records import BASELINE_SPEED_PENDING, CONFIRMATION, SUPERSEDED, _best_record, _distinct_configs
 from autotune.search._cost import CACHED_COMPILE_SHARE, CostModel, compile_group, samples_from_trials
 from autotune.search._rules import infeasible_reason
+from autotune.search._sampler import GuidedSampler
 from autotune.search._simulate import (CONFIG_FIELDS, NoisyLookup, ReplayProbes, ReplayTable, TableRow, _ask, _key,
                                       make_sampler)
 from autotune.study._budget import MIN_RUN_S, StudyClock
-from autotune.study._confirm import _entrants, _Race, race_seconds
-from autotune.study._planner import (EXTEND, EXTENDED, PLAN, PROBE, REFERENCE, SHORT_EVIDENCE, STOP, Decision,
-                                     admit, next_action, reference_seconds, view_of)
+from autotune.study._confirm import BASELINE_RUNS, _entrants, _Race, race_seconds, run_seconds, speed_budget
+from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, REFERENCE, SHORT_EVIDENCE, STOP, Decision,
+                                     admit, extension_seconds, next_action, view_of)
 from autotune.study._loop import decisive_seconds
 from autotune.study._probes import PREDICTED, PREDICTED_CONFIG
 from autotune.study._progress import _Progress
+from autotune.study._references import SPEED_WINDOW_STEPS
 
 __all__ = ["StudyReplay", "replay_study", "replay_studies"]
 
@@ -188,6 +190,20 @@ class _Runner:
         return TrialOutcome("ok", _measurement(rate, samples), wall_seconds=seconds)
 
 
+def _race_before(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> float:
+    """The race's reservation under the rules before (for ``rules="before"``): every finalist once, the leader
+    once more and the baseline ``BASELINE_RUNS`` times, where ``race_seconds`` now keeps one round."""
+    if top_k < 1 or "baseline_config" not in study.user_attrs:
+        return 0.0
+    entrants, base_key, _ = _entrants(study, top_k)
+    if len(entrants) < 2:
+        return 0.0
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    costs = {key: run_seconds(study, config, rate, budget, model=model) for key, config, rate in entrants}
+    finalists = [costs[key] for key, _, _ in entrants if key != base_key]
+    return sum(finalists) + max(finalists, default=0.0) + BASELINE_RUNS * costs[base_key]
+
+
 def _measurement(rate: float, samples: int) -> Measurement:
     return Measurement(throughput=rate, window_throughputs=(rate,) * 3, step_time=0.0, data_wait_fraction=0.0,
                        peak_memory_gib=0.0, warmup_seconds=0.0, first_step_seconds=0.0, compile_seconds=0.0,
@@ -208,6 +224,12 @@ class _Replay:
         self.share = 1.0  # of the space's length every run trains (the references' share may shorten it)
         self.base_row = _baseline_row(table)
         self.names = tuple(table.names)
+        # As the tuner: the references run with the prior point's DataLoader knobs, and the baseline's own
+        # speed is timed apart, after the first full trial (``BASELINE_SPEED``).
+        prior = GuidedSampler(search_space=table.distributions()).prior_point()
+        loader = {k: prior[k] for k in TORCH_LOADER_KNOBS if k in prior and k in self.names}
+        row = table.lookup({**self.base_row.params, **loader})
+        self.reference_row = row if row.status == "ok" else self.base_row
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study = optuna.create_study(directions=["maximize", "minimize"],
@@ -230,11 +252,12 @@ class _Replay:
 
     # -- the loop --------------------------------------------------------------------------------
     def view(self) -> Any:
+        race = (_race_before if self.legacy else race_seconds)(self.study, self.top_k, self.budget)
         view = view_of(self.study, knobs=self.table.values, n_trials=self.n_trials, clock=self.clock,
-                       race=race_seconds(self.study, self.top_k, self.budget),
+                       race=race,
                        probes=self.prober is not None, probed=lambda best: best.number in self.probed,
                        device_next=self.device_next, references_done=self.references,
-                       reference_repeats=self.repeats, extend_cost=self.extension_seconds,
+                       reference_repeats=self.repeats, extend_cost=self.extension_seconds, budgeted=True,
                        decisive=lambda trial: sum(decisive_seconds(self.study, trial.user_attrs, self.budget) or ())
                        or None)
         if self.legacy:  # the rules before: the race always reserved, no longer evidence
@@ -261,6 +284,8 @@ class _Replay:
                     self.extend(decision)
                 elif decision.action == PROBE:
                     self.probe()
+                elif decision.action == BASELINE_SPEED:
+                    self.baseline_speed()
                 else:
                     ended = self.trial()
                     over_budget = over_budget + 1 if ended == "over_budget" else 0
@@ -282,6 +307,14 @@ class _Replay:
         return any(t.params == dict(params) for t in self.study.get_trials(deepcopy=False)
                    if t.state in (TrialState.COMPLETE, TrialState.WAITING, TrialState.PRUNED))
 
+    def baseline_speed(self) -> None:
+        """The baseline's own speed run: a process and a few short windows (``References.speed_run``)."""
+        row = self.base_row
+        samples = speed_budget(self.budget, TrialConfig.from_dict(_config(row.params)), SPEED_WINDOW_STEPS).samples
+        self.charge(self.costs.build_of(row) + (samples / row.throughput if row.throughput else 0.0))
+        self.study.set_user_attr("baseline_throughput", self.costs.observe(row) or 0.0)
+        self.study.set_user_attr(BASELINE_SPEED_PENDING, False)
+
     def probe(self) -> None:
         """A probe round for the input-bound incumbent (``search._simulate.ReplayProbes``, as the loop's
         ``LoaderProbes``): its pick is queued as the next trial, with the prediction the loop records."""
@@ -299,7 +332,7 @@ class _Replay:
             self.probed.add(best.number)
 
     def reference(self, decision: Decision) -> None:
-        row = self.base_row
+        row = self.reference_row
         build, training = self.costs.build_of(row), self.costs.training(row)
         if self.references == 0 and decision.seconds is not None:
             # The share counts from the process's start (before, from the context's creation, after the build).
@@ -311,11 +344,14 @@ class _Replay:
             self.record_reference()
 
     def record_reference(self) -> None:
-        row = self.base_row
+        row = self.reference_row
         config = _config(row.params)
         rate = row.throughput or 0.0
-        self.study.set_user_attr("baseline_config", config)
+        self.study.set_user_attr("baseline_config", _config(self.base_row.params))
         self.study.set_user_attr("baseline_throughput", rate)
+        if row is not self.base_row:
+            self.study.set_user_attr("reference_config", config)
+            self.study.set_user_attr(BASELINE_SPEED_PENDING, True)
         self.budget = Budget(samples=max(1, int(self.share * self.costs.samples)))
         if self.share < 1.0:
             self.study.set_user_attr("references_shortened", {"samples": self.budget.samples,
@@ -403,12 +439,16 @@ class _Replay:
         return status
 
     def extension_seconds(self, attrs: Mapping[str, Any], length: float) -> float:
-        """Longer evidence for a trial: its run and the references' at ``length`` of the space's length."""
-        params = self.params_of(TrialConfig.from_dict(attrs["config"]))
-        row, base = self.costs.row(params), self.base_row
-        candidate = self.costs.build_of(row) + (row.compile_seconds or 0.0) * CACHED_COMPILE_SHARE \
-            + length * self.costs.training(row)
-        return candidate + self.repeats * (self.costs.build_of(base) + length * self.costs.training(base))
+        """As the live study plans it (``_planner.extension_seconds``); the run is charged at the table's."""
+        return extension_seconds(self.study, attrs, length, reference=_config(self.reference_row.params),
+                                 repeats=self.repeats, full_samples=self.costs.samples)
+
+    def charged_extension(self, params: Mapping[str, Any], length: float) -> float:
+        """What longer evidence costs in the table: the candidate's run and the references' at ``length``."""
+        row, reference = self.costs.row(params), self.reference_row
+        candidate = self.costs.build_of(row) + self.costs.compile_of(params, row) + length * self.costs.training(row)
+        return candidate + self.repeats * (self.costs.build_of(reference)
+                                           + length * self.costs.training(reference))
 
     def extend(self, decision: Decision) -> None:
         """The candidate and the references at a longer length; the candidate's trial is superseded by a
@@ -419,7 +459,7 @@ class _Replay:
         old = self.study.trials[decision.trial]
         params = dict(old.params)
         row = self.costs.row(params)
-        self.charge(extension.seconds)
+        self.charge(self.charged_extension(params, extension.length))
         verdict = verdict_at(row, extension.length, self.max_loss)
         attrs = {**old.user_attrs, "accuracy_verdict": verdict, EXTENDED: extension.length,
                  "extension_of": decision.trial, "samples": int(extension.length * self.costs.samples)}
@@ -483,9 +523,9 @@ def replay_study(table: ReplayTable, *, budget_minutes: float, seed: int = 0, no
 
     Args:
         noise: Each run's throughput is the row's times 1 + N(0, noise), drawn from ``seed``.
-        rules: ``current``, or ``before``: the race's time reserved from the start, the references' share
-            counted after the script's build, and no longer evidence (a shortened verdict that could not
-            tell reads ``degraded``), for a before-and-after comparison through the same planner.
+        rules: ``current``, or ``before``: the race's whole time reserved (two rounds) from the start, the
+            references' share counted after the script's build, and no longer evidence (a shortened verdict
+            that could not tell reads ``degraded``), for a before-and-after comparison through the same planner.
     """
     if budget_minutes <= 0:
         raise TableError("--budget must be a positive number of minutes")

@@ -160,7 +160,8 @@ def confirmation_status(study: optuna.Study, result: Result, unconfirmed: str = 
         rounds = len(race_record.get("rounds", []))
         return {"confirmed": False, "basis": result.speedup_basis,
                 "why": f"the race ended after {race.get('runs')} run(s) in {rounds} round(s), before the baseline "
-                       "ran beside the pick: the speed-up is from single runs",
+                       "ran beside the pick: the speed-up is from single runs"
+                       + (f" ({race['ended']})" if race.get("ended") else ""),
                 "rounds": rounds, "runs": race.get("runs"), "ended": race.get("ended")}
     return {"confirmed": True, "rounds": len(race_record.get("rounds", [])), "runs": race.get("runs"),
             "ended": race.get("ended"), "dropped": race.get("dropped"), "noisy": bool(race.get("noisy")),

@@ -77,6 +77,8 @@ class TrialContext:
             script read yet depended on the batch, so the reference need not run again at it
             (``extras["batch_adopted"]``); in a real run, its DataLoader's workers and pinning too.
         run: A real run's length and clock (``autotune.trial._run.RealRun``), under ``autotune train``.
+        started: When the trial process started (``time.perf_counter``): a share of a study's budget
+            (``Budget.seconds``) counts from it, the script's import and build included. Now, where None.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class TrialContext:
         adopt_script_batch: bool = False,
         run: Any = None,
         partial_path: Optional[str] = None,
+        started: Optional[float] = None,
     ) -> None:
         self.config = config
         self.run = run
@@ -124,7 +127,9 @@ class TrialContext:
         self._copy = _copies.copy_from_env() if budget is not None else None
         self._planned_steps: Optional[int] = None  # set when a copy trains on past its budget: losses stop there
         self._epoch_steps: Optional[int] = None  # batches of one epoch of the last ctx.loader
-        self._created = time.perf_counter()  # a run's time share (Budget.seconds) counts from here
+        # A run's time share (Budget.seconds) counts from here: from the trial process's start (``started``,
+        # on ``time.perf_counter``) where it is given, so the script's import and build are inside the share.
+        self._created = started if started is not None else time.perf_counter()
         # Whether the script read a length that depends on the batch (then the batch can no longer change).
         self._length_read = False
         # The reference run may train at the batch the script passes to ctx.loader (adopt_script_batch).

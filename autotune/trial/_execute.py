@@ -188,6 +188,7 @@ def execute(spec: TrialSpec, compile_clock_path: Optional[str] = None,
                 loader_variants=spec.loader_variants,
                 adopt_script_batch=spec.adopt_script_batch,
                 partial_path=partial_path,
+                started=start,
             )
             try:
                 returned = fn(ctx)
