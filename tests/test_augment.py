@@ -327,3 +327,36 @@ def test_autotune_train_trains_with_it(tmp_path) -> None:
     assert run.status == "ok", run.error
     assert run.config.augment == "device" and run.steps_done == 48 // 8
     assert run.metrics[-1]["value"] == 1.0
+
+
+def train_for_a_study(ctx) -> None:
+    """The same classifier for a study: no metric, the loss trajectory judges."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 48)))
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.01)
+    step = ctx.train_step(model, optimizer, torch.nn.CrossEntropyLoss())
+    for images, labels in ctx.batches(ctx.loader(_Tensors(transform=TRAIN), batch_size=16)):
+        step(images, labels)
+
+
+def test_a_study_searches_it_and_its_trial_trains_with_the_transforms_on_the_device(
+        tmp_path, write_space, cpu_caps) -> None:
+    import optuna
+
+    from autotune import Tuner
+
+    space = write_space("""
+    knobs:
+      augment: [dataset, device]
+    batch_policy: fixed
+    baseline: {batch_size: 16, num_workers: 0, cpu_threads: 1}
+    budget: {samples: 1024, warmup_steps: 2, windows: 3}
+    """)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    result = Tuner(f"{__file__}:train_for_a_study", space=space, n_trials=2, storage=storage,
+                   studies_dir=tmp_path / "studies", progress=False, plots=False, capabilities=cpu_caps,
+                   reference_repeats=1, top_k=0, study_name="aug", trial_timeout=120).run()
+    assert "augment=device" not in result.removed_knobs
+    trials = optuna.load_study(study_name="aug", storage=storage).trials
+    device = [t for t in trials if (t.user_attrs.get("config") or {}).get("augment") == "device"]
+    assert device and device[0].user_attrs["status"] == "ok", [t.user_attrs.get("error") for t in trials]

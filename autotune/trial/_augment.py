@@ -20,7 +20,6 @@ by the trial's seed, not the workers' CPU generators), so a run's batches are no
 from __future__ import annotations
 
 import copy
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
@@ -29,7 +28,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
 
 # torchvision's float-to-uint8 conversion (``to_dtype_image``): multiply by 256 - eps and truncate.
 _TO_UINT8 = 255 + 1.0 - 1e-3
