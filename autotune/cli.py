@@ -319,8 +319,10 @@ def _tune(args: argparse.Namespace, target: str) -> int:
             print(f"autotune: {len(workers)} workers: using the journal storage {storage}", file=sys.stderr)
         result = _tuner(args, target, mode="create", storage=storage).run()
         if args.create_only:
-            print(f"created study {result.study_name} in {result.storage}; "
-                  f"join it with: autotune worker {target} --study {result.study_name} --storage {result.storage}")
+            import shlex  # the command is pasted: a space or $(...) in a name must not split or run in the shell
+
+            join = shlex.join(["autotune", "worker", target, "--study", result.study_name, "--storage", result.storage])
+            print(f"created study {result.study_name} in {result.storage}; join it with: {join}")
             return 0
         _warn_if_workers_share(args, result.study_name, storage, workers)
         _run_workers(args, target, result.study_name, storage, workers)
@@ -476,11 +478,13 @@ def _best(args: argparse.Namespace) -> int:
 
 def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
     """``autotune best``'s lines: the config, what it changes, its verdict and how to apply it."""
+    import shlex  # the commands in these lines are pasted: a space or $(...) in a name must not split or run
+
     study = doc["study"]
     if doc.get("config") is None:
         why = doc.get("why_none") or ""
         return [f"Study {study}: {why or 'no feasible config was found'}; see the trials' failures in "
-                f"`autotune report {study}`."]
+                f"`autotune report {shlex.quote(str(study))}`."]
     base = (doc.get("baseline") or {}).get("config") or {}
     changed = [f"{k}: {base.get(k)} -> {v}" for k, v in doc["config"].items() if base.get(k) != v]
     if doc.get("keep_baseline"):
@@ -533,7 +537,7 @@ def best_summary(doc: dict[str, Any], path: Path) -> list[str]:
         kind, arguments = next(iter(doc["paste"].items()))
         lines.append(f"Or paste into {kind}: " + ", ".join(f"{k}={v!r}" for k, v in arguments.items()))
     lines.append(f"Written {doc.get('written') or 'never (no best_config.json yet)'}; the whole document: "
-                 f"autotune best {study} --format json")
+                 f"autotune best {shlex.quote(str(study))} --format json")  # quoted: the line is pasted
     return lines
 
 

@@ -333,3 +333,27 @@ def test_a_range_takes_in_the_trials_whenever_their_gap_exceeds_the_threshold(tm
     # Before: "1.60x to 16.00x faster"; the pick's own trial ran at 0.8x the baseline's.
     assert result.speedup_low <= 400 / 500 + 1e-9, (result.speedup_low, result.speedup_high)
     assert not result.faster and result.verdict == NO_FASTER_CONFIG, result.verdict
+
+
+# -- 9: the commands autotune prints are quoted for the shell they are pasted into --------------------------
+
+
+def test_the_printed_commands_paste_into_a_shell_as_they_read(tmp_path):
+    studies = tmp_path / "my studies $(touch PWNED)"
+    (tmp_path / "space.yaml").write_text("knobs:\n  num_workers: [0]\nbudget: {samples: 256, warmup_steps: 1, windows: 3}\n")
+    tune = _autotune("tune", f"{HERE / 'workloads.py'}:train_tiny", "--space", str(tmp_path / "space.yaml"),
+                     "--study", "my study", "--trials", "1", "--studies-dir", str(studies), "--no-progress",
+                     "--no-plots", "--top-k", "0", cwd=tmp_path)
+    assert tune.returncode == 0, tune.stderr
+    best = _autotune("best", "my study", "--studies-dir", str(studies), cwd=tmp_path)
+    assert best.returncode == 0, best.stderr
+    review = tune.stdout.split("Review it: ", 1)[1].split("   (", 1)[0]
+    document = best.stdout.split("the whole document: ", 1)[1].splitlines()[0]
+    for line, expected in ((review, ["dashboard", "--storage", f"sqlite:///{studies / 'autotune.db'}"]),
+                           (document, ["best", "my study", "--format", "json"])):
+        assert line.startswith("autotune "), line
+        # Pasted into bash, with printf standing in for autotune: before, $(touch PWNED) ran and the space split.
+        pasted = subprocess.run(["bash", "-c", "printf '%s\\n' " + line[len("autotune "):]], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=30)
+        assert pasted.stdout.splitlines() == expected, (line, pasted.stdout)
+    assert not (tmp_path / "PWNED").exists()

@@ -16,6 +16,7 @@ import os
 import json
 import math
 import re
+import shlex
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -291,7 +292,7 @@ def note_markdown(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> str:
     return "\n".join([f"{NOTE_HEADING} {study.study_name}", "", *[f"- {line}" for line in lines], "",
                       DASHBOARD_BEST, "",
                       f"Plots: the Artifacts section ({', '.join(ARTIFACT_FILES)}); the full report: "
-                      f"`autotune report {study.study_name}`.", ""])
+                      f"`autotune report {shlex.quote(study.study_name)}`.", ""])
 
 
 # The dashboard's "Best Trial" and autotune's best, in the study note (study/_dashboard says how).

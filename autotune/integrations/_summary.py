@@ -153,12 +153,16 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         for line in plan_lines(split):
             say(line)
     console.print(f"Best config written to {escape(str(result.best_config_path))}")
+    import shlex
+
     from autotune.study._storage import default_storage_url, mask_url
 
     url = mask_url(storage or default_storage_url(Path(studies_dir)))
     # optuna-dashboard takes a journal file by its path (it guesses the storage from the file).
     direct = url[len("journal:"):] if url.startswith("journal:") else url
-    console.print(f"Review it: autotune dashboard --storage {escape(url)}   (plain optuna-dashboard {escape(direct)} "
+    # Quoted for the shell: the line is pasted, and a folder's space or $(...) must not split or run there.
+    console.print(f"Review it: autotune dashboard --storage {escape(shlex.quote(url))}   (plain optuna-dashboard "
+                  f"{escape(shlex.quote(direct))} "
                   "does not read the accuracy bound: it calls the Pareto front of all trials, infeasible ones "
                   "included, best)", soft_wrap=True)
 
