@@ -677,11 +677,11 @@ def _simulate(args: argparse.Namespace) -> int:
 def _dashboard(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from autotune.study._storage import default_storage_url, mask_url, open_storage
+    from autotune.study._storage import default_storage_url, mask_url, open_storage, sqlite_path
 
     url = args.storage or default_storage_url(Path(args.studies_dir))
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
-        raise AutotuneError(f"no study database at {url[len('sqlite:///'):]}; run `autotune demo` or `autotune tune` first")
+    if url.startswith("sqlite:///") and not sqlite_path(url).exists():
+        raise AutotuneError(f"no study database at {sqlite_path(url)}; run `autotune demo` or `autotune tune` first")
     # Refuses unknown schemes, unreachable servers and torn journals in one line; creates nothing.
     storage, _ = open_storage(url, Path(args.studies_dir), create=False)
     if importlib.util.find_spec("optuna_dashboard") is None:

@@ -357,3 +357,18 @@ def test_the_printed_commands_paste_into_a_shell_as_they_read(tmp_path):
                                 capture_output=True, text=True, timeout=30)
         assert pasted.stdout.splitlines() == expected, (line, pasted.stdout)
     assert not (tmp_path / "PWNED").exists()
+
+
+# -- 12: a ? in the studies folder's name ---------------------------------------------------------------------
+
+
+def test_a_question_mark_in_the_studies_folder_keeps_the_database_in_it(tmp_path):
+    from autotune.study._storage import open_storage
+
+    studies = tmp_path / "d?x=1"
+    storage, _ = open_storage(None, studies)
+    optuna.create_study(study_name="s", storage=storage)
+    assert (studies / "autotune.db").is_file()
+    assert not (tmp_path / "d").exists()  # before: the URL's query string began at the ?, the file was tmp/d
+    proc = _autotune("best", "s", "--studies-dir", str(studies), "--format", "json")
+    assert "no reference run yet" in proc.stderr, proc.stderr  # it found the study in the folder

@@ -25,7 +25,17 @@ DEFAULT_DB = "autotune.db"
 
 
 def default_storage_url(studies_dir: Path = DEFAULT_STUDIES_DIR) -> str:
-    return f"sqlite:///{studies_dir / DEFAULT_DB}"
+    """The SQLite URL of ``studies_dir/autotune.db``: a ``?`` or ``%`` in the folder's name is percent-encoded,
+    or the URL's reader would take what follows a ``?`` for a query string and put the file elsewhere."""
+    path = str(studies_dir / DEFAULT_DB).replace("%", "%25").replace("?", "%3F")
+    return f"sqlite:///{path}"
+
+
+def sqlite_path(url: str) -> Path:
+    """The file a ``sqlite:///`` URL names, as SQLAlchemy reads it: up to a query string, percent-decoded."""
+    from urllib.parse import unquote
+
+    return Path(unquote(url[len("sqlite:///"):].split("?", 1)[0]))
 
 
 RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -200,7 +210,7 @@ def storage_failure(exc: BaseException, url: Optional[str]) -> Optional[StudyErr
                               "rerun the same command to resume (a trial it was running is run again)")
         if type(cause).__name__ in ("DatabaseError", "IntegrityError", "OperationalError") and any(
                 k in lower for k in DAMAGED):
-            name = url[len("sqlite:///"):] if url and url.startswith("sqlite:///") else where
+            name = str(sqlite_path(url)) if url and url.startswith("sqlite:///") else where
             return StudyError(f"the study database {name} is damaged ({hide_secret(text, url)[:200]}); restore it from a copy "
                               "(or move it aside to start a new study there)")
     return None
@@ -366,7 +376,7 @@ def open_storage(
         engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
         creation: Any = contextlib.nullcontext()
         if url.startswith("sqlite:///"):
-            path = Path(url[len("sqlite:///") :])
+            path = sqlite_path(url)
             if not create and not path.is_file():
                 raise StudyError(f"no study database at {path}; run `autotune tune` first")
             path.parent.mkdir(parents=True, exist_ok=True)
