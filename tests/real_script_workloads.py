@@ -107,3 +107,17 @@ def train_evaluating_inside_the_loop(ctx) -> None:
                 ctx.report_metric(evaluate_slowly(EVAL_SECONDS))
         step(x, y)
 
+
+
+def train_with_its_own_epoch_loop(ctx) -> None:
+    """The ImageNet example's shape: its own epoch loop, one pass of the loader each, a validation between."""
+    torch.manual_seed(ctx.seed)
+    model = ctx.model(tiny_model())
+    optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+    step = ctx.train_step(model, optimizer, nn.CrossEntropyLoss())
+    loader = ctx.loader(dataset(512, seed=ctx.seed))
+    for epoch in ctx.epochs(range(0, 2)):
+        for x, y in ctx.batches(loader):
+            step(x, y)
+        with ctx.untimed("evaluation"):
+            ctx.report_metric(epoch)

@@ -73,3 +73,52 @@ def test_nanogpt_tunes_and_trains_for_real_with_its_own_arguments_loss_and_evalu
         assert run["untimed_seconds"]["evaluation"] > 0 and run["metric"] is not None
     assert "s in evaluation, outside it)" in out and "Accuracy: the pick's training" in out
     assert (tmp_path / "out" / "ckpt.pt").is_file()  # its evaluation saved its checkpoint, as the script does
+
+
+IMAGENET = REPO / "examples" / "imagenet"
+# The ImageNet example's own arguments: a folder of images (its ImageFolder route, a val split small enough to
+# validate in a second; --dummy's FakeData validates 50,000 images), a small torchvision model, batch 4.
+IMAGENET_ARGS = ["data", "-a", "mobilenet_v3_small", "-j", "0", "-b", "4", "--epochs", "1"]
+IMAGENET_SPACE = """\
+knobs:
+  precision: [fp32, bf16]
+  channels_last: [false, true]
+budget: {samples: 32, warmup_steps: 1, windows: 3}
+"""
+
+
+def _images(tmp_path: Path) -> None:
+    """data/train and data/val as ImageFolder reads them: two classes of 32x32 PNGs (a bright and a dark one)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8), ("val", 4)):
+        for label, base in (("bright", 180), ("dark", 60)):
+            folder = tmp_path / "data" / split / label
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = np.clip(base + rng.normal(0, 30, (32, 32, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+
+
+def test_the_imagenet_example_tunes_and_trains_for_real_its_own_epoch_loop_between_passes(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _images(tmp_path)
+    (tmp_path / "space.yaml").write_text(IMAGENET_SPACE)
+    target = f"{IMAGENET / 'main.py'}:tuned"
+    code = main(["tune", target, "--space", "space.yaml", "--study", "img", "--trials", "2", "--top-k", "0",
+                 "--batch-size", "4", "--max-accuracy-loss", "1", "--no-progress", "--no-plots", "--", *IMAGENET_ARGS])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert json.loads((tmp_path / "studies" / "img" / "best_config.json").read_text())["script_args"] == IMAGENET_ARGS
+    # 16 images at batch 4: 4 steps an epoch. 6 steps: a whole epoch, its validation and checkpoint, then 2 steps.
+    code = main(["train", target, "--study", "img", "--steps", "6", "--compare", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    doc = json.loads((tmp_path / "studies" / "img" / "train.json").read_text())
+    for label in ("baseline", "pick"):
+        run = doc["runs"][label]
+        assert run["status"] == "ok" and run["steps_done"] == 6 and run["epochs_done"] == 1, run
+        assert run["untimed_seconds"]["between epochs"] > 0  # its validation and checkpoint, outside every window
+    assert (tmp_path / "checkpoint.pth.tar").is_file() and "Speed: the pick ran at" in out

@@ -276,3 +276,17 @@ def test_autotune_best_says_when_the_accuracy_check_was_blind(tmp_path: Path) ->
             in best_summary(doc, tmp_path / "best_config.json"))
     doc["accuracy_check"] = {"blind": False, "partly_blind": False, "reasons": []}
     assert not any(line.startswith("Accuracy check") for line in best_summary(doc, tmp_path / "best_config.json"))
+
+
+def test_the_scripts_own_epoch_loop_trains_one_epoch_per_pass_for_the_runs_length(tmp_path: Path) -> None:
+    from real_script_workloads import REAL_SCRIPT_WORKLOADS
+
+    # 512 samples at batch 64: 8 steps an epoch. The script's own loop says 2 epochs; the run says 20 steps.
+    result = autotune.train(f"{REAL_SCRIPT_WORKLOADS}:train_with_its_own_epoch_loop",
+                            config=_config_file(tmp_path, ONE_THREAD), steps=20, out=tmp_path, progress=False,
+                            say=lambda _: None, args=[])
+    run = result.runs["pick"]
+    assert run.status == "ok" and run.steps_done == 20, run.error
+    # One validation after each pass: epochs 0, 1 (the script's), then 2, numbered on; the last pass stops at 20.
+    assert [m["value"] for m in run.metrics] == [0, 1, 2] and run.epochs_done == 2
+    assert "evaluation" in run.untimed_seconds

@@ -634,6 +634,34 @@ class TrialContext:
         if self.run is not None:
             self.run.step_hooks.append((every, what, hook))
 
+    def epochs(self, epochs: Iterable[int]) -> Iterator[int]:
+        """The script's own epoch loop (``for epoch in ctx.epochs(range(args.start_epoch, args.epochs)):``),
+        with ``ctx.batches(loader)`` inside it: in a study's trial, one pass (the trial's budget, whatever
+        its epochs); under ``autotune train``, one epoch of the loader per pass, as long as the run's length
+        (``--epochs``, ``--steps``, ``--minutes``) lasts, numbered on from the script's own past its last; in a
+        context built by hand, the script's epochs as they are. The script's work between epochs (validation,
+        an epoch schedule's ``step()``, checkpoints) then runs outside the timed windows."""
+        if self.budget is not None:
+            yield next(iter(epochs))
+            return
+        if self.run is None:
+            yield from epochs
+            return
+        run = self.run
+        run.epoch_at_a_time = True
+        last = None
+        for last in epochs:
+            if run.finished:
+                return
+            yield last
+            run.count_between_epochs()
+        while not run.finished:  # the run is longer than the script's own epochs: on, numbered on
+            last, before = (last + 1) if isinstance(last, int) else 0, run.micro
+            yield last
+            run.count_between_epochs()
+            if run.micro == before:  # the pass trained nothing (no ctx.batches in it): no more passes
+                return
+
     @contextlib.contextmanager
     def untimed(self, what: str = "evaluation") -> Iterator[None]:
         """Keep the block's time out of the throughput: work inside the training loop that is not training

@@ -113,6 +113,10 @@ class RealRun:
         self.warmup_samples: Optional[int] = None  # samples trained before the first window opened
         self._window_energy: Optional[float] = None
         self._paused = False
+        # ctx.epochs: the script loops over epochs itself, so ctx.batches yields one epoch per call
+        self.epoch_at_a_time = False
+        self._untimed_at_end = 0.0
+        self._pass_ended: Optional[float] = None
         self.windows: list[Window] = []
         self.metrics: list[dict[str, Any]] = []  # each report_metric: its epoch, optimizer step and value
         self.epoch = 0  # epochs done
@@ -171,6 +175,13 @@ class RealRun:
         return self.plan(None) // self.accumulation
 
     @property
+    def finished(self) -> bool:
+        """The run's length is trained, or a stop was asked for and an optimizer step just ended."""
+        if self.stop_reason is not None and self.micro % self.accumulation == 0:
+            return True
+        return self.total_micro is not None and self.micro >= self.total_micro
+
+    @property
     def interrupted(self) -> bool:
         return self.stop_reason is not None
 
@@ -202,6 +213,8 @@ class RealRun:
                         raise KnobError(f"the loader yields no batch of {self.config.batch_size} (is the dataset "
                                         "smaller than the batch? ctx.loader drops incomplete batches)") from None
                     self._end_epoch(ctx)
+                    if self.epoch_at_a_time:
+                        return
                     iterator, in_epoch = iter(loader), 0
                     continue
                 batch = ctx._move(batch)
@@ -215,6 +228,8 @@ class RealRun:
                 self.after_step(_batch_length(batch))
                 if self.epoch_micro is not None and in_epoch == self.epoch_micro:
                     self._end_epoch(ctx)
+                    if self.epoch_at_a_time:
+                        return
                     iterator, in_epoch = iter(loader), 0
         finally:
             self.end_run()
@@ -266,7 +281,20 @@ class RealRun:
         if self._window_start is not None:
             self._close_window(report=False)
         synchronize(self.device)
-        self.ended = time.perf_counter()
+        self.ended = self._pass_ended = time.perf_counter()
+        self._untimed_at_end = sum(self.untimed_seconds.values())
+
+    def count_between_epochs(self) -> None:
+        """``ctx.epochs``' next pass starts: the script's own work since the last pass ended (its validation,
+        checkpoint, epoch schedule), outside every window, counts as "between epochs", less what it already
+        counted under a name of its own (``ctx.untimed``)."""
+        if self._pass_ended is None:
+            return
+        named = sum(self.untimed_seconds.values()) - self._untimed_at_end
+        seconds = max(0.0, time.perf_counter() - self._pass_ended - named)
+        self.untimed_seconds["between epochs"] = self.untimed_seconds.get("between epochs", 0.0) + seconds
+        self.hook_seconds += seconds
+        self._pass_ended = None
 
     @contextlib.contextmanager
     def untimed(self, what: str) -> Iterator[None]:
@@ -460,11 +488,8 @@ class RunClock:
     @property
     def done(self) -> bool:
         """The run's length is trained, or a stop was asked for and an optimizer step just ended."""
-        run = self.run
-        if run.stop_reason is not None and run.micro % run.accumulation == 0:
-            return True
-        total = self.steps
-        return total is not None and run.micro >= total
+        self.steps  # noqa: B018 - plans the run where its length became known
+        return self.run.finished
 
     def begin(self) -> None:
         self._fetch = self.run.before_fetch()

@@ -21,6 +21,8 @@ import torchvision.transforms as transforms
 from torch.optim.lr_scheduler import StepLR
 from torch.utils.data import Subset
 
+import autotune  # autotune: tuned(ctx) below is one trial, or the real run with the pick
+
 model_names = sorted(name for name in models.__dict__
     if name.islower() and not name.startswith("__")
     and callable(models.__dict__[name]))
@@ -134,7 +136,13 @@ def main():
         main_worker(args.gpu, ngpus_per_node, args)
 
 
-def main_worker(gpu, ngpus_per_node, args):
+def tuned(ctx):  # autotune tune/train main.py:tuned -- DIR --dummy ...: the script's arguments after --
+    args = parser.parse_args()
+    args.distributed = False  # one process: the config's knobs are autotune's, not DataParallel's
+    main_worker(None, 1, args, ctx)
+
+
+def main_worker(gpu, ngpus_per_node, args, ctx=None):
     global best_acc1
     args.gpu = gpu
 
@@ -164,7 +172,9 @@ def main_worker(gpu, ngpus_per_node, args):
         print("=> creating model '{}'".format(args.arch))
         model = models.__dict__[args.arch]()
 
-    if not use_accel:
+    if ctx is not None:  # autotune: the device, channels_last and torch.compile as the config says
+        model = ctx.model(model)
+    elif not use_accel:
         print('using CPU, this will be slow')
     elif args.distributed:
         # For multiprocessing distributed, DistributedDataParallel constructor
@@ -202,6 +212,9 @@ def main_worker(gpu, ngpus_per_node, args):
     optimizer = torch.optim.SGD(model.parameters(), args.lr,
                                 momentum=args.momentum,
                                 weight_decay=args.weight_decay)
+    if ctx is not None:  # autotune: foreach or fused, as the config says
+        optimizer = ctx.optimizer(torch.optim.SGD, model.parameters(), lr=args.lr, momentum=args.momentum,
+                                  weight_decay=args.weight_decay)
     
     """Sets the learning rate to the initial LR decayed by 10 every 30 epochs"""
     scheduler = StepLR(optimizer, step_size=30, gamma=0.1)
@@ -269,6 +282,7 @@ def main_worker(gpu, ngpus_per_node, args):
     train_loader = torch.utils.data.DataLoader(
         train_dataset, batch_size=args.batch_size, shuffle=(train_sampler is None),
         num_workers=args.workers, pin_memory=True, sampler=train_sampler)
+    train_loader = ctx.loader(train_loader) if ctx else train_loader  # autotune: the config's batch and workers
 
     val_loader = torch.utils.data.DataLoader(
         val_dataset, batch_size=args.batch_size, shuffle=False,
@@ -278,12 +292,14 @@ def main_worker(gpu, ngpus_per_node, args):
         validate(val_loader, model, criterion, args)
         return
 
-    for epoch in range(args.start_epoch, args.epochs):
+    for epoch in (ctx.epochs if ctx else iter)(range(args.start_epoch, args.epochs)):
         if args.distributed:
             train_sampler.set_epoch(epoch)
 
         # train for one epoch
-        train(train_loader, model, criterion, optimizer, epoch, device, args)
+        train(train_loader, model, criterion, optimizer, epoch, device, args, ctx)
+        if ctx is not None and ctx.in_study:  # autotune: a trial's verdict rests on its training loss
+            continue
 
         # evaluate on validation set
         acc1 = validate(val_loader, model, criterion, args)
@@ -306,7 +322,7 @@ def main_worker(gpu, ngpus_per_node, args):
             }, is_best)
 
 
-def train(train_loader, model, criterion, optimizer, epoch, device, args):
+def train(train_loader, model, criterion, optimizer, epoch, device, args, ctx=None):
     
     use_accel = not args.no_accel and torch.accelerator.is_available()
 
@@ -323,14 +339,18 @@ def train(train_loader, model, criterion, optimizer, epoch, device, args):
     # switch to train mode
     model.train()
 
+    step = ctx.train_step(model, optimizer, criterion) if ctx else None
     end = time.time()
-    for i, (images, target) in enumerate(train_loader):
+    for i, (images, target) in enumerate(ctx.batches(train_loader) if ctx else train_loader):
         # measure data loading time
         data_time.update(time.time() - end)
 
         # move data to the same device as model
         images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
+        if ctx is not None:  # autotune: precision, accumulation, CUDA Graphs; no per-step sync for the meters
+            step(images, target)
+            continue
 
         # compute output
         output = model(images)
