@@ -268,7 +268,8 @@ class TrialConfig:
     def augmentation(self) -> str:
         """What ``augment`` asks of the user's own training code, in words (best_config.json)."""
         if self.augment != "device":
-            return "augment=dataset: the dataset's transforms run in its __getitem__, on the CPU, as the script wrote it"
+            return ("augment=dataset: the dataset's transforms run in its __getitem__, on the CPU, as the script "
+                    "wrote it")
         return ("augment=device: serve the items before their transforms (set the dataset's transform to "
                 "v2.PILToTensor() or none, so each image is a uint8 tensor) and run the same transforms on each "
                 "batch on the GPU, each sample with its own random draw (crop box, flip, jitter factors) from a "

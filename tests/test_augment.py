@@ -110,9 +110,11 @@ def test_flip_rate_and_flipped_pixels() -> None:
     assert torch.equal(vertical[0], image.flip(-2))
 
 
-@pytest.mark.parametrize("transform", [v2.RandomCrop(16, padding=4), v1.RandomCrop(16, padding=(2, 5)),
-                                       v2.RandomCrop(16, padding=[1, 2, 3, 4], padding_mode="reflect")])
-def test_random_crop_with_padding_matches_torchvision_offsets(transform) -> None:
+@pytest.mark.parametrize("transform, ltrb", [(v2.RandomCrop(16, padding=4), [4, 4, 4, 4]),
+                                             (v1.RandomCrop(16, padding=(2, 5)), [2, 5, 2, 5]),
+                                             (v2.RandomCrop(16, padding=[1, 2, 3, 4], padding_mode="reflect"),
+                                              [1, 2, 3, 4])])
+def test_random_crop_with_padding_matches_torchvision_offsets(transform, ltrb) -> None:
     n = 1000
     height, width = 20, 24
     # Each pixel holds its own (row, column) + 1, so a window names its offset and padding reads as 0.
@@ -123,9 +125,11 @@ def test_random_crop_with_padding_matches_torchvision_offsets(transform) -> None
     torch.manual_seed(0)
     theirs = torch.stack([transform(image) for _ in range(n)])
     assert ours.shape == theirs.shape == (n, 3, 16, 16)
-    # The windows are torchvision's windows (same padding, same content), at offsets drawn alike.
-    seen = {o.numpy().tobytes() for o in theirs}
-    assert all(o.numpy().tobytes() in seen for o in ours[:200])
+    # Every window is one of torchvision's (its padding, its content): all of them, at every offset.
+    padded = VF.pad(image, ltrb, padding_mode=transform.padding_mode)
+    windows = {padded[:, t:t + 16, l:l + 16].numpy().tobytes()
+               for t in range(padded.shape[1] - 15) for l in range(padded.shape[2] - 15)}
+    assert all(o.numpy().tobytes() in windows for o in ours) and all(o.numpy().tobytes() in windows for o in theirs)
 
     def offsets(batch: torch.Tensor) -> torch.Tensor:
         return batch[:, :2].float().mean(dim=(-2, -1))  # the window's mean (row, column): its position
@@ -282,13 +286,42 @@ def test_a_study_run_records_that_the_served_items_fit_on_the_device() -> None:
     assert bare.extras["device_augment"].startswith("the dataset has no transform")
 
 
-def test_items_of_different_sizes_are_refused_with_the_sizes() -> None:
-    class Ragged(_Tensors):
-        def __getitem__(self, index: int):
-            image = self.images[index][:, : 30 + index % 2]
-            return self.transform(image), index
+class _Ragged(_Tensors):
+    """Images of six sizes, as an ImageFolder's are (cut from the stored ones)."""
 
-    assert "differ in size" in _augment.refusal(Ragged(n=4, transform=TRAIN))
+    def __getitem__(self, index: int):
+        image = self.images[index][:, : 30 + 4 * (index % 3), : 36 + 6 * (index % 2)]
+        return (self.transform(image) if self.transform is not None else image), index
+
+
+def test_images_of_several_sizes_are_padded_and_each_cropped_in_its_own_size() -> None:
+    ctx = _context(TrialConfig(batch_size=8, augment="device", num_workers=2))  # padded in the workers
+    images, labels = next(iter(ctx.loader(_Ragged(transform=TRAIN))))
+    assert images.shape == (8, 3, 32, 32) and labels.shape == (8,)
+    # Resized whole, each image is torchvision's resize of it: the padding never shows at its border.
+    resize = v2.Compose([v2.Resize((44, 50)), v2.ToDtype(torch.float32, scale=True)])
+    dataset = _Ragged(n=6)
+    batch, sizes = _augment.pad([dataset[i][0] for i in range(6)])
+    ours = _pipeline(resize, (3, 30, 36))(batch, sizes)
+    theirs = torch.stack([resize(dataset[i][0]) for i in range(6)])
+    assert (ours - theirs).abs().max() <= 1.01 / 255
+    # The crop boxes are drawn in each image's own size.
+    op = _augment.recognise(v2.RandomResizedCrop(16))
+    op.shape((3, 30, 36))
+    n = 2000
+    boxes = op.boxes(n, torch.Generator().manual_seed(0), CPU, torch.tensor([[30, 36], [38, 42]]).repeat(n // 2, 1))
+    torch.manual_seed(0)
+    theirs = torch.tensor([[p["height"], p["width"]] for p in (v2.RandomResizedCrop(16).make_params(
+        [torch.zeros(3, 38, 42)]) for _ in range(n // 2))], dtype=torch.float64)
+    assert _ks(boxes[1::2, 2], theirs[:, 0]) < 0.07 and _ks(boxes[1::2, 3], theirs[:, 1]) < 0.07
+    assert (boxes[0::2, 2] <= 30).all() and (boxes[0::2, 3] <= 36).all()
+
+
+def test_images_of_several_sizes_need_a_first_transform_that_gives_them_one() -> None:
+    why = _augment.refusal(_Ragged(transform=v2.Compose([v2.RandomHorizontalFlip(), v2.RandomResizedCrop(32)])))
+    assert "differ in size" in why and "RandomHorizontalFlip comes first" in why
+    with pytest.raises(KnobError, match="loader=device: its images before their transforms differ in size"):
+        _context(TrialConfig(batch_size=8, augment="device", loader="device")).loader(_Ragged(transform=TRAIN))
 
 
 def test_the_config_says_how_to_apply_it() -> None:

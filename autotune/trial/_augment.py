@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autotune._errors import KnobError
+
 
 # torchvision's float-to-uint8 conversion (``to_dtype_image``): multiply by 256 - eps and truncate.
 _TO_UINT8 = 255 + 1.0 - 1e-3
@@ -52,6 +54,9 @@ class Images:
     data: torch.Tensor
     integer: bool
     out_dtype: torch.dtype = torch.float32
+    # Images of several sizes, zero-padded to the largest (``pad``): each one's (height, width), until an op
+    # that gives them one size (RandomResizedCrop, Resize to a height and width); None when they have one.
+    sizes: Optional[torch.Tensor] = None
 
     @property
     def bound(self) -> float:
@@ -110,13 +115,16 @@ class RandomResizedCrop(Op):
         self._hw = chw[1:]
         return (chw[0], *self.size)
 
-    def boxes(self, n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    def boxes(self, n: int, gen: torch.Generator, device: torch.device,
+              sizes: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``n`` crop boxes (top, left, height, width), each drawn as torchvision's ``make_params`` does:
-        the first of ten (area, aspect) attempts that fits, else the central fallback."""
-        height, width = self._hw
-        area = height * width
+        the first of ten (area, aspect) attempts that fits, else the central fallback. ``sizes``: each
+        image's (height, width) where they differ; else the size the pipeline was compiled for."""
+        hw = torch.tensor([self._hw], dtype=torch.float64, device=device).expand(n, 2) if sizes is None \
+            else sizes.to(device=device, dtype=torch.float64)
+        height, width = hw[:, :1], hw[:, 1:]
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        target = area * _uniform(n * _RRC_ATTEMPTS, *self.scale, gen, device).view(n, _RRC_ATTEMPTS).double()
+        target = height * width * _uniform(n * _RRC_ATTEMPTS, *self.scale, gen, device).view(n, _RRC_ATTEMPTS).double()
         aspect = torch.exp(_uniform(n * _RRC_ATTEMPTS, *log_ratio, gen, device).view(n, _RRC_ATTEMPTS).double())
         w = torch.round(torch.sqrt(target * aspect))  # round half to even, as Python's round
         h = torch.round(torch.sqrt(target / aspect))
@@ -124,22 +132,22 @@ class RandomResizedCrop(Op):
         first = fits.int().argmax(dim=1, keepdim=True)
         w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)
         any_fit = fits.any(dim=1)
+        height, width = height.squeeze(1), width.squeeze(1)
+        # The central fallback: the whole image, cut to the nearest aspect ratio the range allows.
+        low, high = min(self.ratio), max(self.ratio)
         in_ratio = width / height
-        if in_ratio < min(self.ratio):
-            fw, fh = width, int(round(width / min(self.ratio)))
-        elif in_ratio > max(self.ratio):
-            fw, fh = int(round(height * max(self.ratio))), height
-        else:
-            fw, fh = width, height
-        w = torch.where(any_fit, w, torch.full_like(w, fw))
-        h = torch.where(any_fit, h, torch.full_like(h, fh))
-        top = torch.where(any_fit, _randint(height - h + 1, gen).double(), torch.full_like(h, (height - fh) // 2))
-        left = torch.where(any_fit, _randint(width - w + 1, gen).double(), torch.full_like(w, (width - fw) // 2))
+        fw = torch.where(in_ratio > high, torch.round(height * high), width)
+        fh = torch.where(in_ratio < low, torch.round(width / low), height)
+        w, h = torch.where(any_fit, w, fw), torch.where(any_fit, h, fh)
+        top = torch.where(any_fit, _randint(height - h + 1, gen).double(),
+                          torch.div(height - fh, 2, rounding_mode="floor"))
+        left = torch.where(any_fit, _randint(width - w + 1, gen).double(),
+                           torch.div(width - fw, 2, rounding_mode="floor"))
         return torch.stack([top, left, h, w], dim=1)
 
     def __call__(self, x: Images, gen: torch.Generator) -> Images:
         b = x.data.shape[0]
-        box = self.boxes(b, gen, x.data.device).to(x.data.dtype)
+        box = self.boxes(b, gen, x.data.device, x.sizes).to(x.data.dtype)
         top, left, h, w = box.unbind(1)
         return Images(resized_crop(x, top, left, h, w, self.size), x.integer, x.out_dtype)
 
@@ -179,6 +187,10 @@ class Resize(Op):
         return (c, *self._out)
 
     def __call__(self, x: Images, gen: torch.Generator) -> Images:
+        if x.sizes is not None:  # images of several sizes, each resized whole (bilinear, checked by ``plan``)
+            zero = torch.zeros(x.data.shape[0], dtype=x.data.dtype, device=x.data.device)
+            h, w = x.sizes.to(device=x.data.device, dtype=x.data.dtype).unbind(1)
+            return Images(resized_crop(x, zero, zero, h, w, self._out), x.integer, x.out_dtype)
         if tuple(x.data.shape[-2:]) == self._out:
             return x
         smooth = self.mode in ("bilinear", "bicubic")
@@ -280,8 +292,8 @@ class ToFloat(Op):
 
     def __call__(self, x: Images, gen: torch.Generator) -> Images:
         if not x.integer:
-            return Images(x.data, False, self.dtype)
-        return Images(x.data / 255.0 if self.scale else x.data, False, self.dtype)
+            return Images(x.data, False, self.dtype, x.sizes)
+        return Images(x.data / 255.0 if self.scale else x.data, False, self.dtype, x.sizes)
 
 
 @dataclass
@@ -502,13 +514,30 @@ class Pipeline:
     integer: bool  # the served images are uint8
     out_shape: tuple[int, int, int] = (0, 0, 0)
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = Images(images.float(), self.integer)
+    def __call__(self, images: torch.Tensor, sizes: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The augmented batch of ``images`` (B, C, H, W); ``sizes``: each one's (height, width) where they
+        were padded to one size (``pad``)."""
+        x = Images(images.float(), self.integer, sizes=sizes)
         for op in self.ops:
             x = op(x, self.generator)
         if x.integer:
             return x.data.to(torch.uint8)
         return x.data.to(x.out_dtype)
+
+
+def sizing_refusal(transform: Any) -> Optional[str]:
+    """Why ``transform`` cannot take images of several sizes (None when it can): the first op past the
+    conversions must give them one size, per image (``RandomResizedCrop``, or a bilinear ``Resize`` to a
+    height and width)."""
+    for t in flatten(transform):
+        op = recognise(t)
+        if isinstance(op, (Identity, ToFloat)):
+            continue
+        if isinstance(op, RandomResizedCrop) or (isinstance(op, Resize) and len(op.size) == 2
+                                                  and op.mode == "bilinear"):
+            return None
+        return f"{op.name} comes first, which needs them in one size (RandomResizedCrop or Resize((h, w)) gives it)"
+    return "no transform gives them one size (RandomResizedCrop or Resize((h, w)) would)"
 
 
 def compile_pipeline(transform: Any, chw: tuple[int, int, int], *, integer: bool, seed: int,
@@ -660,18 +689,61 @@ def replaced(batch: Any, path: tuple[Any, ...], value: Any) -> Any:
         type(batch)(*items)
 
 
+def pad(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images of several sizes as one batch: each at the top left of a zero tensor one row and one column
+    larger than the largest, its last row and column copied once past its edge (so bilinear sampling at its
+    border reads its own edge, as ``interpolate`` does, never the padding), and each one's (height, width)."""
+    sizes = torch.tensor([[int(im.shape[-2]), int(im.shape[-1])] for im in images], dtype=torch.long)
+    height, width = (int(v) + 1 for v in sizes.max(dim=0).values)
+    out = images[0].new_zeros((len(images), images[0].shape[0], height, width))
+    for i, image in enumerate(images):
+        h, w = image.shape[-2:]
+        out[i, :, :h, :w] = image
+        out[i, :, h, :w] = image[:, h - 1]
+        out[i, :, :h + 1, w] = out[i, :, :h + 1, w - 1]
+    return out, sizes
+
+
+class ServedCollate:
+    """The DataLoader's collate of the served items: the default collate, with the images at ``path`` stacked,
+    or padded with their sizes (``pad``) where they differ and the transforms take that (``ragged``).
+
+    Raises:
+        KnobError: images of several sizes where the transforms need one (which ``plan`` found first).
+    """
+
+    def __init__(self, path: tuple[Any, ...], ragged: Optional[str]) -> None:
+        self.path = path
+        self.ragged = ragged  # why the transforms cannot take several sizes, None when they can
+
+    def __call__(self, items: list[Any]) -> Any:
+        images = [at(item, self.path) for item in items]
+        rest = torch.utils.data.default_collate([replaced(item, self.path, 0) for item in items])
+        if all(image.shape == images[0].shape for image in images):
+            return replaced(rest, self.path, torch.utils.data.default_collate(images))
+        if self.ragged:
+            raise KnobError(f"augment=device: its images before their transforms differ in size: {self.ragged}")
+        return replaced(rest, self.path, pad(images))
+
+
 @dataclass
 class Plan:
     """How ``augment=device`` serves a dataset: ``served`` yields the items with the image before its
-    transforms (a tensor of ``chw``) at ``path`` in each item (and in each default-collated batch), and
-    ``transform`` is what then runs on the device."""
+    transforms (a tensor of ``chw``) at ``path`` in each item (and in each batch that ``collate`` makes), and
+    ``transform`` is what then runs on the device. ``one_size``: the images probed have one size (else the
+    batches pad them, and they cannot be kept on the device)."""
 
     served: Any
     transform: Any
     path: tuple[Any, ...]
     chw: tuple[int, int, int]
     integer: bool
+    one_size: bool = True
     names: list[str] = field(default_factory=list)
+
+    @property
+    def collate(self) -> ServedCollate:
+        return ServedCollate(self.path, sizing_refusal(self.transform))
 
 
 def plan(dataset: Any, transform: Any = None, *, collate_fn: Any = None) -> Plan:
@@ -695,32 +767,36 @@ def plan(dataset: Any, transform: Any = None, *, collate_fn: Any = None) -> Plan
         dataset = Transformed(dataset, None)
     for each in flatten(transform):
         recognise(each)  # raises with the first unknown transform's name
-    marked = _with_transform(dataset, _Mark())
-    n = len(marked)
-    if n == 0:
-        raise Unsupported("the dataset is empty")
-    item = marked[0]
-    path = _path_to(item)
-    if path is None:
-        raise Unsupported("its items do not hold what its transform returns (the dataset's __getitem__ does not "
-                          "apply dataset.transform to the image)")
-    kind = _kind(at(item, path).value)
-    served = _with_transform(dataset, Serve(kind))
-    shapes = {}
-    for index in sorted({0, n // 3, 2 * n // 3, n - 1}):
-        image = at(served[index], path)
-        shapes[index] = tuple(image.shape)
-    if len(set(shapes.values())) > 1:
-        sizes = ", ".join("x".join(map(str, s)) for s in sorted(set(shapes.values())))
-        raise Unsupported(f"its images before their transforms differ in size ({sizes}): a batch of them needs "
-                          "one size")
-    image = at(served[0], path)
+    try:
+        marked = _with_transform(dataset, _Mark())
+        n = len(marked)
+        if n == 0:
+            raise Unsupported("the dataset is empty")
+        item = marked[0]
+        path = _path_to(item)
+        if path is None:
+            raise Unsupported("its items do not hold what its transform returns (the dataset's __getitem__ does "
+                              "not apply dataset.transform to the image)")
+        served = _with_transform(dataset, Serve(_kind(at(item, path).value)))
+        images = [at(served[index], path) for index in sorted({0, n // 3, 2 * n // 3, n - 1})]
+    except Unsupported:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a dataset that cannot be served so is a reason, not a crash
+        raise Unsupported(f"its items could not be fetched before their transforms ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    shapes = sorted({tuple(image.shape) for image in images})
+    if len({s[0] for s in shapes}) > 1:
+        raise Unsupported(f"its images before their transforms differ in channels ({', '.join(map(str, shapes))})")
+    if len(shapes) > 1 and sizing_refusal(transform):
+        sizes = ", ".join("x".join(map(str, s)) for s in shapes)
+        raise Unsupported(f"its images before their transforms differ in size ({sizes}): {sizing_refusal(transform)}")
+    image = images[0]
     if image.dtype != torch.uint8 and not image.is_floating_point():
         raise Unsupported(f"its images before their transforms are {image.dtype}, not uint8 or floating point")
     chw = tuple(int(s) for s in image.shape)
     compile_pipeline(transform, chw, integer=image.dtype == torch.uint8, seed=0,
                      device=torch.device("cpu"))  # checks that the sizes fit and the dtypes follow
-    return Plan(served, transform, path, chw, image.dtype == torch.uint8,  # type: ignore[arg-type]
+    return Plan(served, transform, path, chw, image.dtype == torch.uint8, len(shapes) == 1,  # type: ignore[arg-type]
                 [type(t).__name__ for t in flatten(transform)])
 
 
@@ -755,5 +831,9 @@ class AugmentedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
-            images = at(batch, self.path).to(self.device, non_blocking=self.pin_memory)
-            yield replaced(batch, self.path, self.pipeline(images))
+            images, sizes = at(batch, self.path), None
+            if isinstance(images, (tuple, list)):  # padded images of several sizes, and their sizes (``pad``)
+                images, sizes = images
+                sizes = sizes.to(self.device, non_blocking=self.pin_memory)
+            images = images.to(self.device, non_blocking=self.pin_memory)
+            yield replaced(batch, self.path, self.pipeline(images, sizes))

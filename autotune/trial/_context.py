@@ -51,6 +51,8 @@ class ProbeDone(Exception):
 
 
 PROBE_KINDS = ("loader", "step")
+# Why augment=device's items cannot be kept on the device when its images differ in size (they are padded per batch).
+SEVERAL_SIZES = "its images before their transforms differ in size: a dataset on the device needs one"
 # A step probe keeps this many real batches on the device and replays them: enough to vary the inputs
 # a little, few enough that fetching them is a small part of the probe.
 STEP_PROBE_BATCHES = 4
@@ -329,6 +331,10 @@ class TrialContext:
             except _augment.Unsupported as exc:
                 raise KnobError(f"augment=device: {exc}") from None  # the study reads it as DEVICE_AUGMENT_REFUSAL
             dataset = planned.served
+            if cfg.loader != "device":
+                options = {**options, "collate_fn": planned.collate}  # stacks the images, or pads several sizes
+            elif not planned.one_size:
+                raise KnobError(f"loader=device: {SEVERAL_SIZES}")
         elif transform is not None:
             dataset = _augment.Transformed(dataset, transform)
         if cfg.loader == "device":
@@ -357,8 +363,8 @@ class TrialContext:
         self.extras["augment_transforms"] = planned.names
         if self.extras.get("device_loader") != "ok":
             share = self.config.device_data_share
-            self.extras["device_loader_augmented"] = _resident.refusal(planned.served, share=share,
-                                                                       device=self.device) or "ok"
+            self.extras["device_loader_augmented"] = SEVERAL_SIZES if not planned.one_size else \
+                _resident.refusal(planned.served, share=share, device=self.device) or "ok"
 
     def _adopt_batch(self, script_batch: int) -> None:
         """Under ``adopt_script_batch``: train at the script's per-rank ``batch_size`` from here on, when the
