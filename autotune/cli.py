@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write studies/<study>/report.html with plots and each trial's diagnosis")
     report.add_argument("study", help="the study's name (tune's --study; default there: the function's name)")
     _add_storage_options(report)
+    report.add_argument("--out", metavar="DIR",
+                        help="write report.html and its PNGs here (default: the study's folder, studies/<study>/)")
 
     train = sub.add_parser("train", help="train for real with a study's pick (or a config, or the baseline) and "
                                          "check the study's promise at full length")
@@ -546,7 +548,7 @@ def _report(args: argparse.Namespace) -> int:
     from autotune.insight._report import write_report
 
     study, _ = load_study_result(args.study, storage=args.storage, studies_dir=args.studies_dir)
-    report = write_report(study, studies_dir=args.studies_dir)
+    report = write_report(study, studies_dir=args.studies_dir, out_dir=Path(args.out) if args.out else None)
     print(f"report written to {report.html} ({len(report.pngs)} PNGs beside it)")
     for name, why in report.skipped.items():
         print(f"  not drawn: {name}: {why}")
@@ -701,7 +703,12 @@ def _dashboard(args: argparse.Namespace) -> int:
         raise AutotuneError(f"cannot listen on {address}:{args.port} ({exc.strerror}); pick another --port") from None
     args.host = address
     artifacts = Path(args.studies_dir) / "artifacts"
-    artifacts.mkdir(parents=True, exist_ok=True)
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a studies folder it may not write (a read-only mount) has no plots to serve: none, then
+        import tempfile
+
+        artifacts = Path(tempfile.mkdtemp(prefix="autotune-artifacts-"))
     mode = "edits allowed" if args.allow_edits else "read-only; --allow-edits to edit studies"
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"optuna-dashboard on http://{shown}:{args.port}/ for {mask_url(url)} ({mode}; Ctrl-C to stop)",

@@ -33,6 +33,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _wait_for_study(dashboard: subprocess.Popen, port: int) -> None:
+    """Wait until the dashboard on ``port`` lists study "s" (it fails the test if the process ends first)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
+                assert b'"s"' in response.read()
+            return
+        except OSError:
+            assert dashboard.poll() is None and time.monotonic() < deadline, dashboard.communicate()
+            time.sleep(0.2)
+
+
 # -- 1: the dashboard's storage URL is in no argv ------------------------------------------------------------
 
 
@@ -46,15 +59,7 @@ def test_the_dashboard_keeps_the_password_out_of_its_argv_and_environ(postgres_u
                                   "--studies-dir", str(tmp_path / "studies")],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
     try:
-        deadline = time.monotonic() + 60
-        while True:  # the page answers once the process it execs has opened the storage
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
-                    assert b'"s"' in response.read()
-                break
-            except OSError:
-                assert dashboard.poll() is None and time.monotonic() < deadline, dashboard.communicate()
-                time.sleep(0.2)
+        _wait_for_study(dashboard, port)  # the page answers once the process it execs has opened the storage
         proc = Path(f"/proc/{dashboard.pid}")
         cmdline = (proc / "cmdline").read_bytes()
         assert b"_dashboard" in cmdline  # the process became the server
@@ -372,3 +377,43 @@ def test_a_question_mark_in_the_studies_folder_keeps_the_database_in_it(tmp_path
     assert not (tmp_path / "d").exists()  # before: the URL's query string began at the ?, the file was tmp/d
     proc = _autotune("best", "s", "--studies-dir", str(studies), "--format", "json")
     assert "no reference run yet" in proc.stderr, proc.stderr  # it found the study in the folder
+
+
+# -- 13: a study on a read-only mount can be read ------------------------------------------------------------
+
+
+@pytest.fixture
+def read_only_studies(tmp_path):
+    """A finished study's folder, bind-mounted read-only (skipped where this process may not mount)."""
+    studies, mounted = tmp_path / "studies", tmp_path / "mounted"
+    (tmp_path / "space.yaml").write_text("knobs:\n  num_workers: [0]\nbudget: {samples: 256, warmup_steps: 1, windows: 3}\n")
+    tune = _autotune("tune", f"{HERE / 'workloads.py'}:train_tiny", "--space", str(tmp_path / "space.yaml"),
+                     "--study", "s", "--trials", "1", "--studies-dir", str(studies), "--no-progress", "--top-k", "0")
+    assert tune.returncode == 0, tune.stderr
+    mounted.mkdir()
+    if subprocess.run(["mount", "--bind", str(studies), str(mounted)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (not root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)], check=True, capture_output=True)
+        assert not os.access(mounted, os.W_OK)
+        yield mounted
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
+
+
+def test_best_report_and_dashboard_read_a_study_on_a_read_only_mount(read_only_studies, tmp_path):
+    # Before: each was "cannot open storage ...: unable to open database file" (SQLite's WAL wants its -shm).
+    best = _autotune("best", "s", "--studies-dir", str(read_only_studies), "--storage",
+                     f"sqlite:///{read_only_studies / 'autotune.db'}")
+    assert best.returncode == 0 and "Apply it" in best.stdout, best.stderr
+    report = _autotune("report", "s", "--studies-dir", str(read_only_studies), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / "report" / "report.html").is_file()
+    port = _free_port()
+    dashboard = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", "--studies-dir", str(read_only_studies),
+                                  "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_study(dashboard, port)
+    finally:
+        dashboard.terminate()
+        dashboard.communicate(timeout=30)

@@ -135,7 +135,7 @@ def serve(url: str, *, host: str, port: int, artifact_dir: Path, studies_dir: Pa
 
     from autotune.study._storage import open_storage
 
-    storage, _ = open_storage(url, studies_dir)
+    storage, _ = open_storage(url, studies_dir, create=False)  # the command checked it exists; read-only if it must
     run(dashboard_app(storage, host=host, port=port, artifact_dir=artifact_dir, allow_edits=allow_edits),
         host=host, port=port)
 

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -156,8 +157,6 @@ def storage_from(url: Optional[str], path: Optional[str]) -> Optional[str]:
             raise StudyError(f"--storage-file {path}: its first line is no storage URL (binary, or longer than "
                              f"{STORAGE_FILE_BYTES} bytes); put the storage URL on its first line")
         return text
-    import os
-
     return os.environ.get(STORAGE_ENV) or None
 
 
@@ -308,11 +307,31 @@ def _bad_json_attribute(url: str) -> str:
     return ""
 
 
-def _check_sqlite(path: Path) -> None:
+def _read_only_uri(path: Path, *, quoted: int = 1) -> str:
+    """SQLite's URI of ``path`` opened read-only; ``immutable`` (no locks, no -shm file) unless a write-ahead
+    log holds pages the file lacks, which only a reader that maps its -shm file can see. ``quoted``: how many
+    times the path is percent-encoded (SQLAlchemy decodes a URL's path once before SQLite reads it)."""
+    from urllib.parse import quote
+
+    wal = path.with_name(path.name + "-wal")
+    immutable = "" if wal.is_file() and wal.stat().st_size else "&immutable=1"
+    name = str(path.absolute())
+    for _ in range(quoted):
+        name = quote(name)
+    return f"file:{name}?mode=ro{immutable}"
+
+
+def _read_only_url(path: Path) -> str:
+    """The SQLAlchemy URL that opens ``path`` read-only (``_read_only_uri``)."""
+    return f"sqlite:///{_read_only_uri(path, quoted=2)}&uri=true"
+
+
+def _check_sqlite(path: Path, *, read_only: bool = False) -> None:
     """Refuse a damaged SQLite file before Optuna reads it (SQLite's quick check: every page's structure)."""
     import sqlite3
 
-    with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
+    with contextlib.closing(sqlite3.connect(_read_only_uri(path) if read_only else path, timeout=60,
+                                            uri=read_only)) as conn:
         rows = conn.execute("PRAGMA quick_check").fetchall()
     if rows and rows[0][0] != "ok":
         problem = " ".join(str(rows[0][0]).replace("*** in database main ***", "").split())
@@ -375,13 +394,20 @@ def open_storage(
         # pg_terminate_backend): test each before use, so a dropped one is replaced rather than failing the study.
         engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
         creation: Any = contextlib.nullcontext()
+        opened, read_only = url, False
         if url.startswith("sqlite:///"):
             path = sqlite_path(url)
             if not create and not path.is_file():
                 raise StudyError(f"no study database at {path}; run `autotune tune` first")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Concurrent first openers would each create Optuna's tables; one at a time, the others find them.
-            creation = file_lock(path.with_name(path.name + ".lock"))
+            # A read command on a file it may not write (a read-only mount, another user's studies): SQLite
+            # reads it as it is, with no lock, journal or -shm file to make beside it.
+            read_only = not create and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+            if read_only:
+                opened = _read_only_url(path)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # Concurrent first openers would each create Optuna's tables; one at a time, the others find them.
+                creation = file_lock(path.with_name(path.name + ".lock"))
             # Wait for a lock instead of failing at once when a dashboard or a second worker writes.
             engine_kwargs = {"connect_args": {"timeout": 60}}
         options: dict[str, Any] = {}
@@ -389,8 +415,9 @@ def open_storage(
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if url.startswith("sqlite:///"):
                 if path.is_file() and path.stat().st_size:
-                    _check_sqlite(path)
-                _enable_sqlite_wal(path)
+                    _check_sqlite(path, read_only=read_only)
+                if not read_only:
+                    _enable_sqlite_wal(path)
             if grace_period is not None:
                 options = {
                     "heartbeat_interval": max(1, grace_period // 6),
@@ -398,9 +425,9 @@ def open_storage(
                     "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
                 }
             if not create:
-                _require_tables(url, engine_kwargs)
+                _require_tables(opened, engine_kwargs)
                 options["skip_table_creation"] = True
-            return ReconnectingRDBStorage(url, engine_kwargs=engine_kwargs, **options), mask_url(url)
+            return ReconnectingRDBStorage(opened, engine_kwargs=engine_kwargs, **options), mask_url(url)
     except StudyError:
         raise
     except ImportError as exc:
