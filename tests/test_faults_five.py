@@ -417,3 +417,31 @@ def test_best_report_and_dashboard_read_a_study_on_a_read_only_mount(read_only_s
     finally:
         dashboard.terminate()
         dashboard.communicate(timeout=30)
+
+
+# -- 15: a rerun of autotune train keeps an unfinished run's train.json --------------------------------------
+
+
+@pytest.mark.parametrize("earlier", ['{"started": "2026-12-06T22:40:11+00:00", "interrupted": true, "runs": {}}',
+                                     '{"started": "2026-12-06T22:40:11+00:00", "runs": {"baseline": {"status": '
+                                     '"running"}}}', '{"started": "2026-12-06T22:4'])
+def test_a_rerun_of_train_keeps_an_unfinished_runs_train_json(tmp_path, earlier):
+    out = tmp_path / "studies" / "train"
+    out.mkdir(parents=True)
+    (out / "train.json").write_text(earlier)
+    proc = _autotune("train", f"{HERE / 'workloads.py'}:train_tiny", "--steps", "2", "--studies-dir",
+                     str(tmp_path / "studies"), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    kept = [p for p in out.iterdir() if p.name.startswith("train-unfinished-")]
+    assert len(kept) == 1 and kept[0].read_text() == earlier  # before: overwritten without a word
+    assert f"kept as {kept[0]}" in proc.stdout, proc.stdout
+    assert '"ended"' in (out / "train.json").read_text()
+
+
+def test_a_rerun_of_train_replaces_a_finished_runs_train_json(tmp_path):
+    out = tmp_path / "studies" / "train"
+    for _ in range(2):
+        proc = _autotune("train", f"{HERE / 'workloads.py'}:train_tiny", "--steps", "2", "--studies-dir",
+                         str(tmp_path / "studies"), "--no-progress")
+        assert proc.returncode == 0 and "kept as" not in proc.stdout, proc.stderr
+    assert [p.name for p in out.iterdir()] == ["train.json"]

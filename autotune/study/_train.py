@@ -542,6 +542,16 @@ def train(train_fn: Union[Callable[..., Any], str], *, config: Union[str, Path, 
                                                   else Path(studies_dir) / "train")
     folder = folder.absolute()  # before the script runs: one that changes directory must not move train.json
     path = folder / RESULT_FILE
+    try:  # an earlier run that did not finish (interrupted, or its process died) is kept, not overwritten
+        earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError, RecursionError):
+        earlier = {}  # torn by a kill mid-write: unfinished too
+    if earlier is not None and (not isinstance(earlier, dict) or earlier.get("interrupted") or not earlier.get("ended")):
+        started = str(earlier.get("started", "")) if isinstance(earlier, dict) else ""
+        stamp = "".join(c for c in started if c.isdigit() or c == "T")[:15]  # 20261206T224011
+        kept = path.with_name(f"train-unfinished-{stamp or int(path.stat().st_mtime)}.json")
+        os.replace(path, kept)
+        say(f"The earlier run's {RESULT_FILE} did not finish; kept as {kept}")
     target = train_fn if isinstance(train_fn, str) else None
     argv = ScriptArgv(target or "", script_args)  # sys.argv as the script sees it, in this process
     runs: dict[str, TrainRun] = {}
