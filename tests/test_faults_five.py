@@ -445,3 +445,21 @@ def test_a_rerun_of_train_replaces_a_finished_runs_train_json(tmp_path):
                          str(tmp_path / "studies"), "--no-progress")
         assert proc.returncode == 0 and "kept as" not in proc.stdout, proc.stderr
     assert [p.name for p in out.iterdir()] == ["train.json"]
+
+
+# -- 16: a trial's log is capped ---------------------------------------------------------------------------
+
+
+def test_a_trial_that_prints_megabytes_leaves_a_capped_log_with_its_start_and_end(tmp_path):
+    from autotune import Budget, TrialConfig
+    from autotune.study._isolation import LOG_HEAD_BYTES, LOG_TAIL_BYTES
+    from autotune.study._runner import TrialRunner
+
+    runner = TrialRunner(target=f"{HERE / 'round5_workloads.py'}:train_prints_a_lot", logdir=tmp_path / "logs",
+                         baseline=TrialConfig(batch_size=16), budget=Budget(samples=256, warmup_steps=1, windows=3),
+                         timeout=120)
+    outcome = runner.run(TrialConfig(batch_size=16), "trial-1", seed=0)
+    assert outcome.status == "ok", outcome.error
+    log = (tmp_path / "logs" / "trial-1" / "trial.log").read_bytes()
+    assert len(log) < LOG_HEAD_BYTES + LOG_TAIL_BYTES + 200  # before: all 12 MB of it, for every trial
+    assert log.startswith(b"x" * 99) and b"bytes of this log cut here" in log and b"LAST LINE" in log

@@ -180,6 +180,32 @@ def _server_gone() -> bool:
         return os.path.exists("/proc/self")  # gone from a working /proc: dead (without /proc: cannot tell)
 
 
+# What a trial's log keeps once the trial has ended: its first and its last bytes. A script that prints
+# 100 MB a run would otherwise fill the disk in a few hundred trials; its start (the errors of setting up)
+# and its end (the error that ended it) are what a person reads.
+LOG_HEAD_BYTES = 1 << 20
+LOG_TAIL_BYTES = 4 << 20
+
+
+def cap_log(path: Path, *, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES) -> None:
+    """Cut the log at ``path`` to its first ``head`` and last ``tail`` bytes, in place, with a line between
+    that says how much was cut (a log that cannot be read or written is left as it is)."""
+    try:
+        size = path.stat().st_size
+        if size <= head + tail:
+            return
+        with open(path, "r+b") as handle:
+            handle.seek(size - tail)
+            end = handle.read(tail)
+            handle.seek(head)
+            handle.write(f"\n[autotune: {size - head - tail:,} bytes of this log cut here; it keeps its first "
+                         f"{head:,} and last {tail:,} bytes]\n".encode())
+            handle.write(end)
+            handle.truncate()
+    except OSError:
+        pass
+
+
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as fh:
@@ -407,6 +433,8 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
     for proc in procs:
         proc.join()
         untrack_group(proc.pid)
+    for where in files:
+        cap_log(where.log)
     wall = time.perf_counter() - start
     ends = []
     for i, proc in enumerate(procs):
