@@ -37,8 +37,9 @@ _GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 _RRC_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries this many boxes before its central fallback
 
 
-class Unsupported(Exception):
-    """A transform (or a dataset) that ``augment=device`` cannot run on the device; the message says which."""
+class Unsupported(KnobError):
+    """A transform (or a dataset) that ``augment=device`` cannot run on the device; the message says which
+    (``ctx.loader`` raises it as a ``KnobError`` starting ``augment=device: ``)."""
 
 
 # -- the batch as the ops see it ----------------------------------------------------------------------------
@@ -156,7 +157,8 @@ def resized_crop(x: Images, top: torch.Tensor, left: torch.Tensor, h: torch.Tens
                  size: tuple[int, int]) -> torch.Tensor:
     """Each sample's box resized to ``size``, bilinear (pixel centres as ``interpolate``'s
     ``align_corners=False``): ``roi_align`` samples every output pixel's bin, averaging more points where the
-    box is larger than the output, as an antialiasing filter would."""
+    box is larger than the output, as an antialiasing filter would (so a transform's ``antialias=False`` is
+    antialiased here too)."""
     from torchvision.ops import roi_align
 
     b = x.data.shape[0]
