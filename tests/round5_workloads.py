@@ -23,3 +23,20 @@ def train_prints_a_lot(ctx) -> None:
         sys.stdout.write(line)
     print("LAST LINE", flush=True)
     train(ctx)
+
+
+POISON = "POISON"  # a file in the compile cache's fxgraph/ that stands for a crafted entry
+
+
+def train_fails_on_a_poisoned_cache(ctx) -> None:
+    """A loop that compiles nothing, and raises, as Inductor's use of a crafted entry ends a trial, when the
+    compile cache it is pointed at holds ``fxgraph/POISON``."""
+    from workloads import dataset
+
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache and os.path.exists(os.path.join(cache, "fxgraph", POISON)):
+        raise RuntimeError("BackendCompilerFailed: a crafted cache entry was loaded")
+    total = 0.0
+    for inputs, _ in ctx.batches(ctx.loader(dataset(256, seed=ctx.seed))):
+        total += float(inputs.sum())
+    ctx.report_metric(1.0)

@@ -463,3 +463,42 @@ def test_a_trial_that_prints_megabytes_leaves_a_capped_log_with_its_start_and_en
     log = (tmp_path / "logs" / "trial-1" / "trial.log").read_bytes()
     assert len(log) < LOG_HEAD_BYTES + LOG_TAIL_BYTES + 200  # before: all 12 MB of it, for every trial
     assert log.startswith(b"x" * 99) and b"bytes of this log cut here" in log and b"LAST LINE" in log
+
+
+# -- 8: the compile cache is the user's alone, and its fault is never the config's --------------------------
+
+
+def test_a_failure_with_the_compile_cache_on_is_rerun_on_an_empty_cache_before_it_is_the_configs(tmp_path, capfd):
+    from autotune import Budget, TrialConfig
+    from autotune.study._runner import TrialRunner
+
+    from round5_workloads import POISON
+
+    runner = TrialRunner(target=f"{HERE / 'round5_workloads.py'}:train_fails_on_a_poisoned_cache",
+                         logdir=tmp_path / "s" / "logs", baseline=TrialConfig(batch_size=32),
+                         budget=Budget(samples=256, warmup_steps=1, windows=3), timeout=120)
+    cache = tmp_path / "s" / "compile_cache"
+    (cache / "fxgraph").mkdir(parents=True, mode=0o700)
+    cache.chmod(0o700)
+    (cache / "fxgraph" / POISON).write_bytes(b"\x80\x04crafted")  # passes the first-byte check
+    outcome = runner.run(TrialConfig(batch_size=32, compile="default"), "t0", seed=0)
+    # Before: "error" for good, the config blamed for what the cache held.
+    assert outcome.status == "ok", outcome.error
+    assert not cache.exists() and len(list((tmp_path / "s").glob("compile_cache-failed-*"))) == 1
+    err = capfd.readouterr().err
+    assert "passed on an empty one: the cache was at fault, not the config" in err, err
+    assert runner.run(TrialConfig(batch_size=32, compile="default"), "t1", seed=0).status == "ok"
+    assert cache.is_dir() and cache.stat().st_mode & 0o777 == 0o700  # made anew, for this user alone
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_a_compile_cache_folder_others_can_write_is_refused(tmp_path, mode):
+    from autotune.trial._compile_cache import cache_folder_fault, fallback_cache_folder
+
+    cache = tmp_path / "compile_cache"
+    cache.mkdir()
+    cache.chmod(mode)
+    assert "can be written by other users" in cache_folder_fault(cache)  # before: "" (fine)
+    folder, why = fallback_cache_folder(cache)
+    assert folder == tmp_path / "compile_cache-fallback" and why
+    assert folder.stat().st_mode & 0o777 == 0o700

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -129,7 +133,23 @@ class TrialRunner:
                          loader_variants=loader_variants, adopt_script_batch=adopt_script_batch)
         run = run_copies if config.processes_per_gpu > 1 else run_isolated
         # Absolute: a train_fn that changes directory (as many scripts do) must not move its own log and result.
-        outcome = run(spec, workdir=(self.logdir / workdir).absolute(), timeout=timeout or self.timeout,
-                      compile_timeout=self.compile_timeout)
+        where = (self.logdir / workdir).absolute()
+        outcome = run(spec, workdir=where, timeout=timeout or self.timeout, compile_timeout=self.compile_timeout)
         self.note_discarded(outcome)
+        cache = (spec.env or {}).get(CACHE_DIR_ENV) if (spec.env or {}).get(OWN_CACHE_ENV) else None
+        if cache and outcome.status in ("error", "crash"):
+            # A cache entry is code Inductor runs, and a valid pickle passes every check: before the failure is
+            # the config's, it runs once more on an empty cache. Passing there, the failure was the cache's.
+            with tempfile.TemporaryDirectory(prefix="autotune-compile-cache-") as empty:
+                clean = dataclasses.replace(spec, env={**(spec.env or {}), **compile_cache_env(Path(empty), {})})
+                again = run(clean, workdir=where, timeout=timeout or self.timeout,
+                            compile_timeout=self.compile_timeout)
+            if again.status not in ("error", "crash"):
+                aside = Path(cache).with_name(f"{Path(cache).name}-failed-{int(time.time())}")
+                with contextlib.suppress(OSError):
+                    os.replace(cache, aside)  # later trials build a cache of their own in its place
+                print(f"autotune: warning: a trial of {config.describe()} failed with the study's compile cache "
+                      f"{cache} ({outcome.error or outcome.status}) and passed on an empty one: the cache was at "
+                      f"fault, not the config; it is moved to {aside.name}", file=sys.stderr, flush=True)
+                outcome = again
         return outcome

@@ -9,6 +9,12 @@ The cache is the tuner's own file, so a fault of it is never the config's: the c
 before each compiling trial (``cache_folder_fault``) and falls back to another one, and a trial discards the
 entries that fail their checks before it compiles (``discard_corrupt_entries``): Inductor runs a generated
 module it finds under its name without reading it again, so a damaged one would be executed as code.
+
+What the cache trusts: its entries are code (Python modules, shared objects, pickles), which Inductor runs
+as the user when a key matches. No check can tell a valid but crafted pickle from Inductor's own, so the
+folder must be one only the user can write: the study's is made so (mode 700), and one that belongs to
+another user or that others can write is refused like a broken one. A trial that fails with the cache on
+runs once more on an empty one before its failure is the config's (``TrialRunner.run``).
 """
 
 from __future__ import annotations
@@ -65,13 +71,20 @@ def cache_folder_fault(folder: Path) -> str:
         folder: The cache folder; no torch import is needed to check it.
     """
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
         return f"{folder} is not a folder"
     except OSError as exc:
         return f"cannot create {folder}: {exc.strerror or exc}"
-    if not folder.is_dir():
+    if not folder.is_dir() or folder.is_symlink():
         return f"{folder} is not a folder"
+    # Inductor imports and unpickles what it finds here: whoever else can write the folder can run code in
+    # every trial. It must be this user's, and closed to the others (a folder it made is so from the start).
+    info = folder.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return f"{folder} belongs to another user (uid {info.st_uid}), who could put code in it"
+    if info.st_mode & 0o022:
+        return f"{folder} can be written by other users (mode {info.st_mode & 0o777:o}), who could put code in it"
     try:
         places = [folder, *(p for p in folder.iterdir() if not p.name.startswith("."))]
         for place in places:
