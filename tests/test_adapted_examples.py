@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 NANOGPT = REPO / "examples" / "nanogpt"
 # nanoGPT's own options (its configurator's --key=value), at a size that trains in seconds on a CPU.
 NANOGPT_ARGS = ["--device=cpu", "--compile=False", "--dataset=tiny", "--n_layer=1", "--n_head=2", "--n_embd=16",
-                "--block_size=16", "--batch_size=8", "--dropout=0.0", "--eval_iters=2", "--eval_interval=4",
+                "--block_size=16", "--batch_size=8", "--gradient_accumulation_steps=1", "--dropout=0.0", "--eval_iters=2", "--eval_interval=4",
                 "--warmup_iters=2", "--max_iters=40", "--lr_decay_iters=40", "--out_dir=out"]
 TINY_SPACE = """\
 knobs:
