@@ -172,8 +172,9 @@ def train(ctx) -> None:
     loader = ctx.loader(StreamChunks(train_data, streams=args.batch_size, bptt=args.bptt),
                         batch_size=args.batch_size, shuffle=False)
     lr, best = args.lr, math.inf
-    # A trial trains for its budget: one pass of ctx.batches, with no annealing (its length is not an epoch).
-    for epoch in range(1 if ctx.in_study else args.epochs):
+    # A trial trains for its budget: one pass of ctx.batches, with no annealing (its length is not an epoch);
+    # autotune train one epoch per pass for the run's length, the validation and annealing between passes.
+    for epoch in ctx.epochs(range(args.epochs)):
         started = time.perf_counter()
         for inputs, targets in ctx.batches(loader):
             step(inputs, targets)

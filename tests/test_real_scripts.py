@@ -290,3 +290,21 @@ def test_the_scripts_own_epoch_loop_trains_one_epoch_per_pass_for_the_runs_lengt
     # One validation after each pass: epochs 0, 1 (the script's), then 2, numbered on; the last pass stops at 20.
     assert [m["value"] for m in run.metrics] == [0, 1, 2] and run.epochs_done == 2
     assert "evaluation" in run.untimed_seconds
+
+
+def test_a_scripts_epoch_loop_under_autotune_train_validates_and_anneals_between_the_runs_epochs(
+        tmp_path: Path, capsys) -> None:
+    # examples/word_lm.py's own loop (validation, the learning rate divided by 4 when it stops improving) under
+    # autotune train --epochs 3, the script's own --epochs 1: three passes, one an epoch, each validated.
+    # Its loop used to be range(args.epochs) outside a study: the first pass trained the whole run, once.
+    example = HERE.parent / "examples" / "word_lm.py"
+    path = _config_file(tmp_path, ONE_THREAD.replace(batch_size=20))
+    code = main(["train", f"{example}:train", "--config", str(path), "--epochs", "3", "--out", str(tmp_path),
+                 "--no-progress", "--", "--epochs", "1", "--tokens", "3000", "--emsize", "16", "--nhid", "16",
+                 "--nlayers", "1", "--bptt", "10", "--lr", "400"])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("epoch ")] == \
+        ["epoch 1", "epoch 2", "epoch 3"], out
+    run = json.loads((tmp_path / "train.json").read_text())["runs"]["pick"]
+    assert run["epochs_done"] == 3 and run["untimed_seconds"]["between epochs"] > 0
