@@ -53,7 +53,7 @@ CONTEXT_HELPERS = {
     "model", "optimizer", "loader", "image_loader", "train_step", "attention", "checkpoint", "autocast",
     "to_device", "batches", "record_loss", "record_window", "report_metric", "record", "lr_scale", "lr_scale_sqrt",
     "measurement", "step_clock", "ddp", "world_size", "rank", "copy_index", "epoch", "on_epoch_end",
-    "optimizer_steps", "warmup_steps", "micro_steps",
+    "optimizer_steps", "warmup_steps", "micro_steps", "on_step_end", "untimed", "epochs",
 }
 TRAIN_STEP_OPTIONS = {"model", "optimizer", "loss_fn", "clip_grad_norm", "scheduler"}
 
@@ -63,7 +63,7 @@ BEST_CONFIG_KEYS = {
     "batch_policy", "accuracy_verdict", "accuracy_evidence", "accuracy_check",
     "faster", "verdict", "speedup_spread", "colocation_warning", "packing", "input_pipeline", "confirmed", "time_split",
     "float8", "allocator", "compile", "time_to_first_faster", "evidence_length", "energy", "real_run",
-    "keep_baseline", "not_recommended", "why_none", "ruled_out_faster",
+    "keep_baseline", "not_recommended", "why_none", "ruled_out_faster", "script_args",
 }
 
 
