@@ -40,3 +40,23 @@ def train_fails_on_a_poisoned_cache(ctx) -> None:
     for inputs, _ in ctx.batches(ctx.loader(dataset(256, seed=ctx.seed))):
         total += float(inputs.sum())
     ctx.report_metric(1.0)
+
+
+LEFT_ENV = "AUTOTUNE_TEST_LEFT"  # the file a workload writes the pids it leaves behind to
+
+
+def train_leaves_a_session(ctx) -> None:
+    """``train``, with a child started in a session of its own (out of reach of a group kill) and a
+    grandchild whose parent exits at once (reparented away from the trial), both left running."""
+    import subprocess
+    import sys
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(1000)"]
+    own = subprocess.Popen(sleeper, start_new_session=True)
+    orphaner = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                                 f"print(subprocess.Popen({sleeper!r}, start_new_session=True, stdout=subprocess.DEVNULL).pid)"],
+                                stdout=subprocess.PIPE, text=True)
+    orphan = int(orphaner.communicate()[0])
+    with open(os.environ[LEFT_ENV], "a") as fh:
+        fh.write(f"{own.pid}\n{orphan}\n")
+    train(ctx)

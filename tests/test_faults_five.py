@@ -5,6 +5,7 @@ Each test names the fault it guards against; benchmarks/results/faults.md ("Roun
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -502,3 +503,31 @@ def test_a_compile_cache_folder_others_can_write_is_refused(tmp_path, mode):
     folder, why = fallback_cache_folder(cache)
     assert folder == tmp_path / "compile_cache-fallback" and why
     assert folder.stat().st_mode & 0o777 == 0o700
+
+
+# -- 10: a trial's descendants end with it, in a session of their own or orphaned -------------------------
+
+
+def test_a_trials_children_in_their_own_session_end_with_it(tmp_path, monkeypatch):
+    from test_scaleout import _gone
+
+    from autotune import Budget, TrialConfig
+    from autotune.study._runner import TrialRunner
+
+    from round5_workloads import LEFT_ENV
+
+    left = tmp_path / "left"
+    monkeypatch.setenv(LEFT_ENV, str(left))
+    runner = TrialRunner(target=f"{HERE / 'round5_workloads.py'}:train_leaves_a_session", logdir=tmp_path / "logs",
+                         baseline=TrialConfig(batch_size=16), budget=Budget(samples=256, warmup_steps=1, windows=3),
+                         timeout=120)
+    pids = []
+    try:
+        outcome = runner.run(TrialConfig(batch_size=16), "t0", seed=0)
+        pids = [int(p) for p in left.read_text().split()]
+        assert outcome.status == "ok", outcome.error
+        assert len(pids) == 2 and all(_gone(pid) for pid in pids)  # before: both slept on after the study
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)

@@ -225,6 +225,56 @@ def _kill_group(pid: int) -> None:
             pass
 
 
+# Each launch's processes carry a tag of their own in their environment, which their descendants inherit
+# (also one that starts a session of its own, out of the reach of a group kill, and one whose parent died).
+TRIAL_TAG_ENV = "AUTOTUNE_TRIAL_TAG"
+
+
+def _process_table() -> dict[int, tuple[int, bytes]]:
+    """Every process this one may read: pid -> (parent pid, initial environment block)."""
+    table: dict[int, tuple[int, bytes]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                block = environ.read()
+        except (OSError, IndexError, ValueError):
+            continue  # gone, or another user's
+        table[int(entry.name)] = (parent, block)
+    return table
+
+
+def kill_leftovers(roots: Sequence[int], tag: str) -> list[int]:
+    """SIGKILL what a launch's processes (``roots``) left behind that a group kill cannot reach: their
+    descendants still in the process tree, and any process whose environment carries the launch's ``tag``
+    (one that started its own session, or whose parent died). Returns the pids signalled. Linux only (no
+    /proc: nothing is done)."""
+    if not os.path.isdir("/proc"):
+        return []
+    table = _process_table()
+    marker = f"{TRIAL_TAG_ENV}={tag}".encode()
+    found = {pid for pid, (_, block) in table.items() if marker in block.split(b"\0")}
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    found -= {os.getpid(), *roots}
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sorted(found)
+
+
 def _free_port() -> int:
     """A TCP port free on the loopback now, for one trial's rendezvous (the ranks bind it moments later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -358,6 +408,8 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
         start_trial_server()  # a killed server is started again now, not inside the trial's wall time
     start = time.perf_counter()
     procs = []
+    tag = f"{os.getpid()}-{time.time_ns()}"  # see kill_leftovers
+    specs = [dataclasses.replace(spec, env={**(spec.env or {}), TRIAL_TAG_ENV: tag}) for spec in specs]
     for spec, where in zip(specs, files):
         proc = _mp_context().Process(
             target=_child,
@@ -410,6 +462,8 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
     except BaseException as exc:
         # Ctrl-C or SIGTERM: end the trial now (multiprocessing would otherwise join it at exit), and
         # hand on its result if it had already written one.
+        leftovers = [proc.pid for proc in procs if proc.pid is not None]
+        kill_leftovers(leftovers, tag)  # while the trial processes live, their descendants are in the tree
         for proc in procs:
             _kill_group(proc.pid)
         for proc in procs:
@@ -428,6 +482,7 @@ def launch(specs: Sequence[TrialSpec], files: Sequence[ProcessFiles], *, timeout
             end(i)  # it wrote its result before the deadline and was still exiting: finished, not timed out
     timed_out = len(exited) < len(procs) and compile_over is None and not (failed and stop_on_failure)
     killed = {i for i in range(len(procs)) if i not in exited}
+    kill_leftovers([proc.pid for proc in procs if proc.pid is not None], tag)  # a group kill misses those
     for proc in procs:
         _kill_group(proc.pid)  # on a deadline or a failure, and to reap anything a finished process left behind
     for proc in procs:
