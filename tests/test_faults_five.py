@@ -531,3 +531,23 @@ def test_a_trials_children_in_their_own_session_end_with_it(tmp_path, monkeypatc
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+# -- 17: a stated non-fp32 baseline is refused, and the docs say why and what to do instead ------------------
+
+
+def test_no_doc_tells_a_user_to_state_a_baseline_the_cli_refuses(tmp_path):
+    import re
+
+    docs = HERE.parent / "docs"
+    for doc in docs.glob("*.md"):
+        for line in doc.read_text().splitlines():
+            for precision in re.findall(r"--baseline precision=(\w+)", line):
+                # Before: adapting-a-script.md said to state --baseline precision=bf16, which is refused.
+                assert precision == "fp32" or "refused" in line, (doc.name, line)
+    assert "### A baseline in fp32 only" in (docs / "knobs.md").read_text()
+    (tmp_path / "space.yaml").write_text("knobs:\n  precision: [fp32, bf16]\n")
+    proc = _autotune("tune", f"{HERE / 'workloads.py'}:train_tiny", "--space", str(tmp_path / "space.yaml"),
+                     "--baseline", "precision=bf16", "--studies-dir", str(tmp_path / "studies"), timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert 'docs/knobs.md, "A baseline in fp32 only", says why' in proc.stderr, proc.stderr

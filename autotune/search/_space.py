@@ -487,7 +487,8 @@ def _baseline_problem(knob: str, value: Any) -> str:
     if knob == "precision" and value != "fp32":
         return (f"{value}: the baseline trains in fp32 (its runs are the accuracy references and the speed-up's "
                 f"denominator); a baseline at another precision is not supported: keep precision=fp32 here and "
-                f"list {value} among the precision knob's values to measure it")
+                f"list {value} among the precision knob's values to measure it (docs/knobs.md, \"A baseline in "
+                f"fp32 only\", says why)")
     return ""
 
 
