@@ -267,7 +267,8 @@ def _child(spec: TrialSpec, result_path: str, log_path: str, coordinator: int, e
         # trial the platform's usual default instead.
         multiprocessing.set_start_method("fork", force=True)
     try:
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # Never through a link planted at its name (the coordinator removed one before the trial started).
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError as exc:
         print(f"autotune trial: cannot open its log {log_path}: {exc}", file=sys.stderr, flush=True)
         os._exit(INFRA_EXIT_CODE)
