@@ -167,6 +167,24 @@ def test_each_colour_adjustment_matches_torchvision_at_a_given_factor(integer: b
         assert (ours - theirs).abs().max() <= (1.0 if integer else 1e-5), (fn, factor)
 
 
+@pytest.mark.parametrize("integer", [False, True])
+def test_each_jittered_sample_is_torchvisions_jitter_with_that_samples_draw(integer: bool) -> None:
+    n = 24
+    image = _smooth(10, 12) if integer else _smooth(10, 12).float() / 255
+    ranges = ((0.6, 1.4), (0.7, 1.3), (0.5, 1.5), (-0.1, 0.1))
+    out = _pipeline(v2.ColorJitter(*ranges), (3, 10, 12), integer=integer, seed=5)(image[None].repeat(n, 1, 1, 1))
+    # The same draws, in the order the op makes them: a permutation per sample, then each factor per sample.
+    generator = torch.Generator().manual_seed(5)
+    order = torch.rand(n, 4, generator=generator).argsort(dim=1)
+    factors = [torch.rand(n, generator=generator) * (high - low) + low for low, high in ranges]
+    adjust = (VF.adjust_brightness, VF.adjust_contrast, VF.adjust_saturation, VF.adjust_hue)
+    for i in range(n):
+        expected = image
+        for fn in order[i].tolist():
+            expected = adjust[fn](expected, float(factors[fn][i]))
+        assert (out[i].float() - expected.float()).abs().max() <= (1 if integer else 1e-5), i
+
+
 def test_colour_jitter_statistics_match_torchvision() -> None:
     n = 500  # torchvision's jitter costs milliseconds an image on the CPU
     image = _smooth(12, 16).float() / 255

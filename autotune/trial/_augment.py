@@ -374,12 +374,27 @@ class ColorJitter(Op):
         order = torch.rand(b, 4, generator=gen, device=device).argsort(dim=1)  # a uniform permutation per sample
         ranges = (self.brightness, self.contrast, self.saturation, self.hue)
         factors = [None if r is None else _uniform(b, r[0], r[1], gen, device).view(b, 1, 1, 1) for r in ranges]
+        blends = [fn for fn in (0, 1, 2) if factors[fn] is not None and not (c == 1 and fn == 2)]
+        hue = factors[3] is not None and c == 3  # saturation and hue leave a grey image as it is
         for position in range(4):
-            for fn, factor in enumerate(factors):
-                if factor is None or (c == 1 and fn >= 2):  # saturation and hue leave a grey image as it is
-                    continue
-                chosen = (order[:, position] == fn).view(b, 1, 1, 1)
-                x = Images(torch.where(chosen, self._adjust(fn, x, factor), x.data), x.integer, x.out_dtype)
+            chosen = order[:, position].view(b, 1, 1, 1)
+            if blends:
+                # Brightness, contrast and saturation are each a blend towards something (black, the grey mean,
+                # the grey image): one blend a position, each sample towards its own op's target by its own
+                # factor, and by 1 (itself, exactly) where its op here is another.
+                ratio = torch.ones((b, 1, 1, 1), device=device)
+                for fn in blends:
+                    ratio = torch.where(chosen == fn, factors[fn], ratio)  # type: ignore[arg-type]
+                target = torch.zeros((), device=device)
+                if 1 in blends or 2 in blends:
+                    gray = _grayscale(x) if c == 3 else x.data
+                    mean = gray.mean(dim=(-3, -2, -1), keepdim=True)
+                    target = torch.where(chosen == 1, mean, gray) if 2 in blends else mean
+                    target = torch.where(chosen == 0, 0.0, target)
+                x = Images(_blend(x, target, ratio), x.integer, x.out_dtype)
+            if hue:
+                x = Images(torch.where(chosen == 3, self._adjust(3, x, factors[3]), x.data),  # type: ignore[arg-type]
+                           x.integer, x.out_dtype)
         return x
 
     @staticmethod
