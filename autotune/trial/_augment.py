@@ -121,9 +121,11 @@ class RandomResizedCrop(Op):
         """``n`` crop boxes (top, left, height, width), each drawn as torchvision's ``make_params`` does:
         the first of ten (area, aspect) attempts that fits, else the central fallback. ``sizes``: each
         image's (height, width) where they differ; else the size the pipeline was compiled for."""
-        hw = torch.tensor([self._hw], dtype=torch.float64, device=device).expand(n, 2) if sizes is None \
-            else sizes.to(device=device, dtype=torch.float64)
-        height, width = hw[:, :1], hw[:, 1:]
+        if sizes is None:  # filled on the device: a tensor made from a list would copy it there and wait
+            height = torch.full((n, 1), float(self._hw[0]), dtype=torch.float64, device=device)
+            width = torch.full((n, 1), float(self._hw[1]), dtype=torch.float64, device=device)
+        else:
+            height, width = sizes.to(device=device, dtype=torch.float64).split(1, dim=1)
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         target = height * width * _uniform(n * _RRC_ATTEMPTS, *self.scale, gen, device).view(n, _RRC_ATTEMPTS).double()
         aspect = torch.exp(_uniform(n * _RRC_ATTEMPTS, *log_ratio, gen, device).view(n, _RRC_ATTEMPTS).double())
