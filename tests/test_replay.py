@@ -267,10 +267,10 @@ def test_longer_evidence_in_real_processes_judges_the_candidate_again_and_supers
 
 
 def test_the_replay_and_the_live_loop_decide_alike_on_the_same_records(tmp_path) -> None:
-    """At each point of a replayed study, the live ``TrialLoop`` over the same records and clock gives the same
-    decision: both build the view with ``view_of`` and ask ``next_action``."""
+    """At each point of a replayed study, the live ``TrialLoop`` over the same records, clock and run counts gives
+    the same decision: both build the view with ``view_of`` and ask ``next_action``."""
     from autotune.study._loop import TrialLoop
-    from autotune.study._options import AccuracyOptions
+    from autotune.study._options import AccuracyOptions, ConfirmOptions
     from autotune.study._references import References
     from autotune.study._runner import TrialRunner
     from autotune.search._space import parse_space
@@ -292,7 +292,11 @@ def test_the_replay_and_the_live_loop_decide_alike_on_the_same_records(tmp_path)
                              references=References(options=AccuracyOptions(), runner=runner, seed=0,
                                                    clock=replay.clock),
                              n_trials=40, timeout=None, started=0.0, prune_below=None, seed=0, identity={},
-                             clock=replay.clock, top_k=3, probes=False)
+                             clock=replay.clock, top_k=3, probes=False, confirm=ConfirmOptions(top_k=3))
+            loop._race_tried = replay.race_tried
+            # The run's own counts of proposals answered without a run, as the replay's run kept them.
+            loop._over_budget, loop._ruled_out, loop.budget_note = (replay.over_budget, replay.ruled_out,
+                                                                     replay.over_budget_note)
             live = next_action(loop.view())
             assert (live.action, live.reason) == (decision.action, decision.reason)
             nonlocal compared
@@ -302,3 +306,18 @@ def test_the_replay_and_the_live_loop_decide_alike_on_the_same_records(tmp_path)
     replay.decide = both
     replay.run()
     assert compared >= 3
+
+
+def test_a_table_with_knobs_this_project_lacks_replays_whole_studies(tmp_path) -> None:
+    """A flat table from elsewhere: its own ``optimizer`` knob is no knob of this project, and no row has
+    seconds of a build. Its studies still run through the planner, race and pick the table's best."""
+    rows = [{"optimizer": o, "precision": p, "throughput": rate, "trial_seconds": seconds}
+            for o, p, rate, seconds in [("adam", "fp32", 100, 30), ("sgd", "fp32", 120, 28), ("adam", "bf16", 290, 15),
+                                        ("sgd", "bf16", 330, 14)]]
+    path = tmp_path / "flat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    document = replay_studies(ReplayTable.load(path), budget_minutes=3, seeds=2, noise=0.0)
+    assert document["pick_share_median"] == 1.0
+    run = document["runs"][0]
+    assert run["pick"] == {"optimizer": "sgd", "precision": "bf16"} and [p["action"] for p in run["plan"]][-2:] == [
+        "race", "stop"]

@@ -116,7 +116,8 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
     """The study's wall time split into what the issue of a long wait asks about.
 
     ``references``, ``race`` (the re-measurement of the finalists), ``probe`` and ``report`` are the
-    coordinator's clocks around them. The trials part is split by each trial's own record into
+    coordinator's clocks around them; the race, the probes, a later baseline speed run and longer evidence
+    (``extend``) run inside the trials' part and are taken out of it. The trials part is split by each trial's own record into
     ``compile``, ``warmup``, ``timed`` and ``trial_process``; what the coordinator spent between trial
     processes (the sampler, the storage, the accuracy verdict) is ``coordinator``. ``unaccounted`` is the
     wall time that no clock saw (it should stay near zero; a large one is a hole in the accounting).
@@ -129,8 +130,9 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
     trial_wall = sum(float(a.get("wall_seconds") or 0.0) for a in attrs)
     # Under the scale policy a trial's fp32 references at its global batch run inside its ask-to-tell.
     batch_references = sum(float(a.get("reference_seconds") or 0.0) for a in attrs)
-    # The baseline's own speed run, when it came after the first trial: inside the trials' part too.
-    later = seconds.get("baseline_speed", 0.0)
+    # The baseline's own speed run, when it came after the first trial, and longer evidence for a candidate
+    # (its references and its run): references, run inside the trials' part.
+    later = seconds.get("baseline_speed", 0.0) + seconds.get("extend", 0.0)
     parts = {
         "references": seconds.get("references", 0.0) + batch_references + later,
         "compile": sum(r["compile"] for r in runs),
@@ -139,7 +141,7 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
         "trial_process": sum(r["process"] for r in runs),
         "probes": seconds.get("probes", 0.0),  # loader and step probes, run inside the trials' part
         "coordinator": max(0.0, seconds.get("trials", 0.0) - trial_wall - batch_references - later
-                           - seconds.get("probes", 0.0))
+                           - seconds.get("probes", 0.0) - seconds.get("race", 0.0))
         + seconds.get("setup", 0.0),
         "race": seconds.get("race", 0.0),
         "probe": seconds.get("probe", 0.0),

@@ -18,16 +18,16 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune._config import (DEVICE_AUGMENT_REFUSAL, DEVICE_LOADER_REFUSAL, Colocation, Measurement, TrialConfig,
                               TrialOutcome, TrialRecord)
-from autotune._records import (BATCH_REFERENCE, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials,
-                               _distinct_configs, _feasible)
+from autotune._records import BATCH_REFERENCE, CANNOT_RUN, OVER_BUDGET, _best_record, _budget_trials, _feasible
 from autotune._errors import StudyError
 from autotune.search._rules import infeasible_reason
 from autotune.search._space import SearchSpace
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import StudyClock
-from autotune.study._confirm import OUT_OF_REACH, one_round_seconds, race_seconds
-from autotune.study._planner import (BASELINE_SPEED, EXTEND, FIRST_FASTER, PLAN, PROBE, SHORT_EVIDENCE, STOP, Decision,
-                                     StudyView, admit, first_faster, next_action, view_of)
+from autotune.study._confirm import OUT_OF_REACH, confirm_top_k, one_round_seconds, race_seconds
+from autotune.study._options import ConfirmOptions
+from autotune.study._planner import (BASELINE_SPEED, EXTEND, FIRST_FASTER, PLAN, PROBE, RACE, SHORT_EVIDENCE, STOP,
+                                     Decision, StudyView, admit, first_faster, next_action, view_of)
 from autotune.study._probes import (PREDICTED, PREDICTED_CONFIG, LoaderProbes, drop_queued_predictions,
                                     prediction_error)
 from autotune.study._progress import _Progress
@@ -41,9 +41,6 @@ from autotune.study._workers import LEASE_KEY, LeaseWatch, _Heartbeat, _worker_a
 # How bad a verdict is, for the worst of a co-located trial's copies.
 VERDICT_SEVERITY = {"equivalent": 0, "unchecked": 1, "degraded": 2, "diverged": 3}
 INFRA_LIMIT = 3  # infrastructure failures in a row that stop the run: the fault is not going away
-# Proposals in a row that the budget had no time for before the search ends: a cheaper config (no
-# compile, say) may still fit after an expensive one did not.
-OVER_BUDGET_LIMIT = 3
 PLAN_KEPT = 200  # the planner's decisions a study keeps (the newest)
 
 
@@ -102,14 +99,16 @@ class TrialLoop:
         seed: The trials' seed.
         identity: Hostname and device attributes recorded on each trial.
         clock: The study's clock: its deadline, when it has a budget, and the seconds of its parts.
-        top_k: Finalists the race after the search will run (its predicted cost is kept free).
+        top_k: Finalists the race after the search will run (what it needs is kept free).
+        confirm: How the race runs when the planner says so (``RACE``); None: this loop runs no race.
         probes: Probe the loader and the step apart when a trial waits on its input (``_probes``).
     """
 
     def __init__(self, *, study: optuna.Study, space: SearchSpace, storage: Any, runner: TrialRunner,
                  references: References, n_trials: int, timeout: Optional[float], started: float,
                  prune_below: Optional[float], seed: int, identity: dict[str, str],
-                 clock: Optional[StudyClock] = None, top_k: int = 0, probes: bool = True) -> None:
+                 clock: Optional[StudyClock] = None, top_k: int = 0, probes: bool = True,
+                 confirm: Optional[ConfirmOptions] = None) -> None:
         self.study = study
         self.space = space
         self.storage = storage
@@ -134,28 +133,41 @@ class TrialLoop:
         self._outcome: Optional[TrialOutcome] = None
         self._infra_error = ""  # the last infrastructure failure's, for the line that stops the run
         self._view: Optional[StudyView] = None  # what the last decision read
+        # Proposals in a row this run answered without a run, for the planner's stop rules (``StudyView``).
+        self._ruled_out = self._over_budget = 0
+        self._deadline_stop = ""  # a trial this run ran was stopped at the study's deadline: why
+        self.confirm = confirm
+        self._race_tried = False  # this run raced the finalists, or tried to (RACE)
+        self.raced = False  # and the race ran
 
     def run(self, ui: _Progress) -> None:
         """Run what the planner says next (``_planner.next_action``) until it says stop, or the timeout or
         the space is exhausted."""
-        study, ruled_out, infra, over_budget = self.study, 0, 0, 0
+        study, infra = self.study, 0
         ui.set_best(_best_record(study))
         ui.set_completed(self.finished_count())  # a resume, or trial 0 from the reference run
-        while not self.sampler_done:
+        while True:
             self._recover_stale()
-            if self.timeout is not None and time.monotonic() - self.started > self.timeout:
-                break
             decision = self.decide()
+            if decision.action in (STOP, RACE) and decision.by_budget:
+                self.budget_note = self.budget_note or decision.reason
             if decision.action == STOP:
-                if self.finished_count() < self.n_trials:
-                    self.budget_note = self.budget_note or decision.reason
                 break
+            if decision.action == RACE:
+                # The search is over here: what the probes queued and nobody ran goes off the queue first.
+                self._drop_queued_predictions(ui)
+                self._race_tried = True
+                if self.confirm is not None:
+                    with self.clock.part("race"):
+                        self.raced = confirm_top_k(self.study, self.runner, self.confirm, seed=self.seed, ui=ui,
+                                                   worker=_worker_id(), clock=self.clock)
+                continue
             if decision.action == PROBE:
                 self._probe(ui)
                 continue
             if decision.action == EXTEND:
                 assert decision.trial is not None
-                with self.clock.part("references"):  # the split counts it among the references
+                with self.clock.part("extend"):  # the split counts it among the references
                     self.references.extend(self.study, decision.trial, self._view.extension, ui)  # type: ignore[union-attr]
                 continue
             if decision.action == BASELINE_SPEED:
@@ -173,9 +185,6 @@ class TrialLoop:
                 ui.status("waiting for the trials other workers are running")
                 time.sleep(2.0)
                 continue
-            if len(_distinct_configs(study)) >= self.space.size:
-                ui.status("every config of the space has been measured")
-                break
             ended = self._run_one(ui)
             if ended == "ok":
                 self._note_first_faster()
@@ -184,15 +193,10 @@ class TrialLoop:
                 # Not the last trial's: that is the failed one's retry, still waiting.
                 raise StudyError(f"{infra} trials in a row failed outside the config ({self._infra_error}); fix "
                                  "that, then rerun the same command to resume")
-            if ended == "infeasible":
-                ruled_out += 1
-                if ruled_out >= 200:  # the sampler keeps proposing what cannot fit: nothing left
-                    break
-            else:
-                ruled_out = 0
-            over_budget = over_budget + 1 if ended == OVER_BUDGET else 0
-            if over_budget >= OVER_BUDGET_LIMIT or ended == "budget":
-                break
+            self._ruled_out = self._ruled_out + 1 if ended == "infeasible" else 0
+            self._over_budget = self._over_budget + 1 if ended == OVER_BUDGET else 0
+            if ended == "budget":  # a trial stopped at the deadline: nothing else can run
+                self._deadline_stop = self.budget_note
         self._drop_queued_predictions(ui)
 
     def _drop_queued_predictions(self, ui: _Progress, why: str = "") -> None:
@@ -209,13 +213,24 @@ class TrialLoop:
                        clock=self.clock, probes=self.probes is not None,
                        race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
                        extend_cost=(lambda attrs, length: self.references.extension_seconds(self.study, attrs, length))
-                       if self.clock.budgeted else None, budgeted=self.clock.budgeted,
+                       if self.clock.budgeted else None, budgeted=self.clock.budgeted, space_size=self.space.size,
+                       over_budget_streak=self._over_budget, last_over_budget=self.budget_note,
+                       ruled_out_streak=self._ruled_out, stopped=self._stopped(),
+                       top_k=self.confirm.top_k if self.confirm is not None else 0, race_tried=self._race_tried,
                        probed=lambda best: best.number in self._probed or (
                            self.probes is not None and self.probes.probed(best.config)),
                        device_next=lambda best: self.probes is not None
                        and self.probes.device_variant(best.config) is not None,
                        references_done=repeats, reference_repeats=repeats,  # the loop starts after them
                        decisive=lambda trial: sum(self._decisive(trial) or ()) or None)
+
+    def _stopped(self) -> str:
+        """Why this run's search ends whatever the records say, or "" (``StudyView.stopped``)."""
+        if self.sampler_done:
+            return "the sampler has no config left to propose"
+        if self.timeout is not None and time.monotonic() - self.started > self.timeout:
+            return f"the search's --timeout of {self.timeout:g} s has passed"
+        return self._deadline_stop
 
     def _decisive(self, trial: Any) -> Optional[tuple[float, float]]:
         """``decisive_seconds`` of a trial (queued, or just asked) under a budget; None without one."""

@@ -40,27 +40,33 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from optuna.trial import TrialState
 
-from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, SUPERSEDED, _best_record,
-                               _budget_trials)
+from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, CONFIRMATION, OVER_BUDGET, SUPERSEDED,
+                               _best_record, _budget_trials, _distinct_configs)
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES
 from autotune.study._budget import MIN_RUN_S, StudyClock
+from autotune.study._confirm import _entrants
 
 NOT_RUN = ("infeasible", CANNOT_RUN, OVER_BUDGET)  # statuses of trials answered without a run
 
 # The share of a budgeted study that all its fp32 reference seeds may take together: the first full trial
 # should start inside the first third of the budget, after the setup and the references.
 REFERENCE_SHARE = 0.2
+# Proposals in a row that the budget had no time for before the search ends: a cheaper config (no compile,
+# say) may still fit after an expensive one did not.
+OVER_BUDGET_LIMIT = 3
+RULED_OUT_LIMIT = 200  # proposals in a row that cannot run here: the sampler has nothing else left
 PLAN = "plan"  # study attribute: the planner's decisions, in order ({"at", "action", "reason"})
 FIRST_FASTER = "first_faster"  # study attribute: the first feasible full trial faster than the baseline
 
-REFERENCE, TRIAL, PROBE, STOP, EXTEND = "reference", "trial", "probe", "stop", "extend"
+REFERENCE, TRIAL, PROBE, STOP, EXTEND, RACE = "reference", "trial", "probe", "stop", "extend", "race"
 BASELINE_SPEED = "baseline-speed"
 RETRY_REASON = "a retry of a trial whose worker died runs in the place that trial took in the trial budget"
-__all__ = ["BASELINE_SPEED", "EXTEND", "FIRST_FASTER", "PLAN", "PROBE", "REFERENCE", "REFERENCE_SHARE", "RETRY_REASON",
+__all__ = ["BASELINE_SPEED", "EXTEND", "FIRST_FASTER", "OVER_BUDGET_LIMIT", "PLAN", "PROBE", "RACE", "REFERENCE",
+           "REFERENCE_SHARE", "RETRY_REASON", "RULED_OUT_LIMIT",
            "SHORT_EVIDENCE", "STOP", "TRIAL", "Decision", "Extension", "StudyView", "admit", "extension_candidate",
            "extension_seconds", "faster_candidate", "first_faster", "full_length_budget", "next_action", "over_budget_reason",
-           "probe_round_seconds", "probes_why",
+           "probe_round_seconds", "probes_why", "race_due",
            "reference_seconds", "step_levers", "view_of"]
 # Trial attribute: the verdict is ``unchecked`` because the evidence the budget shortened could not tell (the
 # pairing with fp32 decayed and the seeds' band sees no harm): its value is the fraction of the space's length
@@ -78,12 +84,14 @@ class Decision:
         reason: One sentence for the progress line, the study note and the ``PLAN`` record.
         seconds: A reference's time share, when the budget sets one; what an ``extend`` costs.
         trial: The trial an ``extend`` decision lengthens the evidence of.
+        by_budget: A ``stop`` because the study's budget has no time for what would come next.
     """
 
     action: str
     reason: str
     seconds: Optional[float] = None
     trial: Optional[int] = None
+    by_budget: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action, "reason": self.reason}
@@ -139,6 +147,15 @@ class StudyView:
             of a race of it and the baseline. None otherwise.
         probe_seconds: What a probe round of ``best`` and the trial it queues are predicted to cost
             (``probe_round_seconds``): a round that cannot be followed by its trial is not run.
+        exhausted: Every config of the space has been measured (or found unable to run here).
+        stopped: Why the caller's run ends its search whatever the records say ("" while it goes on): its
+            ``--timeout``, a sampler with nothing left, a trial stopped at the study's deadline.
+        race_due: The finalists of now have not been raced, and this run has not tried to race them: when the
+            search ends, the race runs before the study stops (``RACE``).
+        over_budget_streak: The last proposals in a row recorded ``over_budget`` (not run: no time for them);
+            ``last_over_budget`` is the newest one's reason.
+        ruled_out_streak: The last proposals in a row answered without a run because they cannot run here (the
+            memory rule, a pair of values the probe found unable to run together).
         faster_found: A feasible full trial (not a reference run) faster than the baseline exists: only then is
             the race's time kept free (``reserve``).
         extension: The fastest full trial, ``unchecked`` on evidence the budget shortened, not yet given
@@ -164,6 +181,12 @@ class StudyView:
     baseline_speed_pending: bool = False
     decisive_seconds: Optional[float] = None
     probe_seconds: float = 0.0
+    exhausted: bool = False
+    stopped: str = ""
+    race_due: bool = False
+    over_budget_streak: int = 0
+    last_over_budget: str = ""
+    ruled_out_streak: int = 0
     faster_found: bool = False
     extension: Optional[Extension] = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -197,8 +220,35 @@ def _input_bound(attrs: Mapping[str, Any]) -> bool:
     return (attrs.get("data_wait_fraction") or 0.0) >= INPUT_BOUND
 
 
+def _search_ended(view: StudyView) -> str:
+    """Why the search is over whatever the budget says, or "": the trial budget is spent, every config of the
+    space was measured, or the last proposals were all answered without a run (``OVER_BUDGET_LIMIT`` in a row
+    that the budget had no time for, ``RULED_OUT_LIMIT`` that could not run here)."""
+    if view.stopped:
+        return view.stopped
+    if view.finished >= view.n_trials:
+        return f"the trial budget of {view.n_trials} is spent"
+    if view.exhausted:
+        return "every config of the space has been measured"
+    if view.over_budget_streak >= OVER_BUDGET_LIMIT:
+        return (f"the last {view.over_budget_streak} proposals did not fit the budget: "
+                f"{view.last_over_budget or 'no time was left for them'}")
+    if view.ruled_out_streak >= RULED_OUT_LIMIT:
+        return f"the sampler's last {view.ruled_out_streak} proposals cannot run here: nothing else is left"
+    return ""
+
+
 def next_action(view: StudyView) -> Decision:
-    """The next measurement of a study and the reason for it (see the module's order)."""
+    """The next measurement of a study and the reason for it (see the module's order). Where the search ends,
+    the race of the finalists runs first, if it is due (``StudyView.race_due``)."""
+    decision = _next(view)
+    if decision.action == STOP and view.race_due and view.references_done >= view.reference_repeats:
+        return Decision(RACE, f"{decision.reason}: the finalists race, the leader and the baseline first in each "
+                              "round", by_budget=decision.by_budget)
+    return decision
+
+
+def _next(view: StudyView) -> Decision:
     if view.references_done < view.reference_repeats:
         seed = view.references_done + 1
         share = reference_seconds(view.budget_seconds, view.reference_repeats)
@@ -207,13 +257,15 @@ def next_action(view: StudyView) -> Decision:
             why += (f", within its share of the budget ({share:.0f} s of {REFERENCE_SHARE:.0%} for the "
                     f"references): a longer run trains fewer samples, and so does every trial")
         return Decision(REFERENCE, why, seconds=share)
-    spent = view.finished >= view.n_trials and not view.retries
+    ended = _search_ended(view)
+    spent = bool(ended) and (not view.retries or bool(view.stopped))
     fits = view.usable_seconds >= MIN_RUN_S + view.reserve
     if view.baseline_speed_pending and (view.full_trials >= 1 or spent) and fits:
         return Decision(BASELINE_SPEED, "the baseline's own speed, with its own loader (the references ran with "
                                         "the prior point's): timed after the first full trial, not before it")
     if spent:
-        return Decision(STOP, f"the trial budget of {view.n_trials} is spent")
+        return Decision(STOP, ended, by_budget=view.over_budget_streak >= OVER_BUDGET_LIMIT
+                        and view.finished < view.n_trials)
     if not fits and not view.retries and view.decisive_seconds is not None \
             and view.usable_seconds >= view.decisive_seconds:
         # Raced, today's finalists would be out of its reach: the race that matters is its own against the
@@ -224,9 +276,9 @@ def next_action(view: StudyView) -> Decision:
     if not fits:
         if not view.faster_found:
             return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, too little "
-                                  f"for another run")
+                                  f"for another run", by_budget=True)
         return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
-                              f"the finalists needs {view.reserve:.0f} s")
+                              f"the finalists needs {view.reserve:.0f} s", by_budget=True)
     if view.retries:
         return Decision(TRIAL, RETRY_REASON)
     extension = view.extension
@@ -274,7 +326,9 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
             references_done: int = 2, reference_repeats: int = 2,
             decisive: Callable[[Any], Optional[float]] = lambda trial: None,
             extend_cost: Optional[Callable[[Mapping[str, Any], float], float]] = None,
-            budgeted: bool = False) -> StudyView:
+            budgeted: bool = False, space_size: Optional[int] = None, over_budget_streak: int = 0,
+            last_over_budget: str = "", ruled_out_streak: int = 0, stopped: str = "", top_k: int = 0,
+            race_tried: bool = False) -> StudyView:
     """The planner's view of an Optuna study (a running one, or one recorded earlier).
 
     Args:
@@ -287,6 +341,13 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         extend_cost: What longer evidence for a trial (its attributes) at a share of the space's length costs:
             its run and the fp32 references' at that length. None: no extension is planned (no budget).
         budgeted: The study has a budget: a probe round is priced (``probe_round_seconds``).
+        space_size: The configs of the space, for ``exhausted`` (None: not known, never exhausted).
+        over_budget_streak, last_over_budget, ruled_out_streak: The caller's run's counts of the proposals in a
+            row answered without a run (``StudyView``): a run's own, so that a resume with a new budget starts
+            afresh.
+        stopped: See ``StudyView.stopped``.
+        top_k: The race's finalists (0: no race).
+        race_tried: This run raced already, or tried to (another worker's claim, no time for a run).
     """
     trials = study.get_trials(deepcopy=False)
     best = _best_record(study)
@@ -315,7 +376,19 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)),
         decisive_seconds=decisive(waiting[0]) if waiting else None, faster_found=faster is not None,
         probe_seconds=probe_round_seconds(study, best.config) if budgeted and best is not None else 0.0,
-        extension=extension)
+        extension=extension, exhausted=space_size is not None and len(_distinct_configs(study)) >= space_size,
+        over_budget_streak=over_budget_streak, last_over_budget=last_over_budget, ruled_out_streak=ruled_out_streak,
+        stopped=stopped, race_due=not race_tried and race_due(study, top_k))
+
+
+def race_due(study: Any, top_k: int) -> bool:
+    """Whether the finalists of now, with the baseline, are two or more and were not raced already (a resume
+    that added nothing faster has raced them)."""
+    if top_k < 1 or "baseline_config" not in study.user_attrs:
+        return False
+    entrants, _, signature = _entrants(study, top_k)
+    previous = study.user_attrs.get(CONFIRMATION) or {}
+    return len(entrants) >= 2 and previous.get("candidates") != signature
 
 
 # The timed windows of one loader variant in a loader probe (a few short windows at the loader's rate).

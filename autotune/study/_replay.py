@@ -37,7 +37,7 @@ from optuna.trial import TrialState
 
 from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome
 from autotune._errors import TableError
-from autotune._records import BASELINE_SPEED_PENDING, CONFIRMATION, SUPERSEDED, _best_record, _distinct_configs
+from autotune._records import BASELINE_SPEED_PENDING, CONFIRMATION, SUPERSEDED, _best_record
 from autotune.search._cost import CACHED_COMPILE_SHARE, CostModel, compile_group, samples_from_trials
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
@@ -45,8 +45,8 @@ from autotune.search._simulate import (CONFIG_FIELDS, NoisyLookup, ReplayProbes,
                                       make_sampler)
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import BASELINE_RUNS, _entrants, _Race, race_seconds, run_seconds, speed_budget
-from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, REFERENCE, SHORT_EVIDENCE, STOP, Decision,
-                                     admit, extension_seconds, next_action, view_of)
+from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, RACE, REFERENCE, SHORT_EVIDENCE, STOP,
+                                     Decision, admit, extension_seconds, next_action, view_of)
 from autotune.study._loop import decisive_seconds
 from autotune.study._probes import PREDICTED, PREDICTED_CONFIG
 from autotune.study._progress import _Progress
@@ -56,9 +56,7 @@ __all__ = ["StudyReplay", "replay_study", "replay_studies"]
 
 DEFAULT_SAMPLES = 12_800  # the space's length where the table does not say
 DEFAULT_SETUP_S = 15.0  # the study's setup (capability probe, trial server) where the table does not say
-OVER_BUDGET_LIMIT = 3  # as the live loop: proposals in a row the budget had no time for end the search
 RACE_ROUNDS = 3
-REPEATS_LIMIT = 50  # proposals in a row answered without a run (measured or ruled out): nothing new is left
 
 
 @dataclass(frozen=True)
@@ -241,13 +239,22 @@ class _Replay:
         self.probed: set[int] = set()
         self.ooms: list[tuple[int, dict[str, Any]]] = []
         self.plan: list[dict[str, Any]] = []
+        # Proposals in a row answered without a run, for the planner's stop rules (as the loop counts them).
+        self.over_budget = self.ruled_out = 0
+        self.over_budget_note = ""
+        self.race_tried = False
 
     # -- the clock -------------------------------------------------------------------------------
     def charge(self, seconds: float) -> None:
         self.now += max(0.0, seconds)
 
     def params_of(self, config: TrialConfig) -> dict[str, Any]:
+        """The table's params of a recorded config: a trial's own (a table's knobs need not all be this
+        project's), else the config's values of the table's knobs."""
         values = config.to_dict()
+        for trial in self.study.get_trials(deepcopy=False):
+            if trial.user_attrs.get("config") == values and set(trial.params) == set(self.names):
+                return dict(trial.params)
         return {n: values.get(n) for n in self.names}
 
     # -- the loop --------------------------------------------------------------------------------
@@ -259,7 +266,9 @@ class _Replay:
                        device_next=self.device_next, references_done=self.references,
                        reference_repeats=self.repeats, extend_cost=self.extension_seconds, budgeted=True,
                        decisive=lambda trial: sum(decisive_seconds(self.study, trial.user_attrs, self.budget) or ())
-                       or None)
+                       or None, space_size=self.table.size, over_budget_streak=self.over_budget,
+                       last_over_budget=self.over_budget_note, ruled_out_streak=self.ruled_out, top_k=self.top_k,
+                       race_tried=self.race_tried)
         if self.legacy:  # the rules before: the race always reserved, no longer evidence
             view = dataclasses.replace(view, faster_found=True, extension=None)
         return view
@@ -272,13 +281,15 @@ class _Replay:
     def run(self) -> None:
         self.charge(self.costs.setup)
         self.clock.add("setup", self.costs.setup)
-        over_budget = repeated = 0
         while True:
             decision = self.decide()
             if decision.action == STOP:
                 break
             with self.clock.part(decision.action if decision.action != "trial" else "trials"):
-                if decision.action == REFERENCE:
+                if decision.action == RACE:
+                    self.race_tried = True
+                    self.race()
+                elif decision.action == REFERENCE:
                     self.reference(decision)
                 elif decision.action == EXTEND:
                     self.extend(decision)
@@ -288,13 +299,8 @@ class _Replay:
                     self.baseline_speed()
                 else:
                     ended = self.trial()
-                    over_budget = over_budget + 1 if ended == "over_budget" else 0
-                    repeated = repeated + 1 if ended in ("duplicate", "infeasible") else 0
-                    if over_budget >= OVER_BUDGET_LIMIT or repeated >= REPEATS_LIMIT \
-                            or len(_distinct_configs(self.study)) >= self.table.size:
-                        break
-        with self.clock.part("race"):
-            self.race()
+                    self.over_budget = self.over_budget + 1 if ended == "over_budget" else 0
+                    self.ruled_out = self.ruled_out + 1 if ended == "infeasible" else 0
 
     def device_next(self, best: Any) -> bool:
         """As ``LoaderProbes.device_variant``: the table offers the incumbent the device-resident loader, untried."""
@@ -391,6 +397,7 @@ class _Replay:
         predicted = CostModel.fit(samples_from_trials(self.study.get_trials(deepcopy=False))).predict(config)
         why = admit(self.view(), predicted)
         if why:
+            self.over_budget_note = why
             return self._prune(trial, config, "over_budget", why)
         row = self.costs.row(params)
         self.started[trial.number] = self.now
@@ -471,11 +478,8 @@ class _Replay:
         self.study.set_user_attr(SUPERSEDED, [*(self.study.user_attrs.get(SUPERSEDED) or []), decision.trial])
 
     def race(self) -> None:
-        if self.top_k < 1 or "baseline_config" not in self.study.user_attrs:
-            return
+        """The live race (``_confirm._Race``) of the finalists of now, run against the table."""
         entrants, base_key, signature = _entrants(self.study, self.top_k)
-        if len(entrants) < 2:
-            return
         race = _Race(self.study, entrants, base_key, RACE_ROUNDS)
         with _Progress(False, self.n_trials, clock=self.clock) as ui:
             race.run(_Runner(self), seed=self.seed, ui=ui, clock=self.clock)

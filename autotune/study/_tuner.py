@@ -27,7 +27,7 @@ from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
 from autotune.search._sampler import GuidedSampler
 from autotune.study._budget import StudyClock
-from autotune.study._confirm import confirm_long, confirm_top_k
+from autotune.study._confirm import confirm_long
 from autotune.study._isolation import probe_in_trial_server, start_trial_server
 from autotune.study._locks import file_lock
 from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
@@ -730,16 +730,15 @@ class Tuner:
             loop = TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
                              n_trials=opts.search.n_trials, timeout=opts.search.timeout, started=started,
                              prune_below=opts.search.prune_below, seed=opts.study.seed, identity=self._identity,
-                             clock=clock, top_k=opts.confirm.top_k)
+                             clock=clock, top_k=opts.confirm.top_k, confirm=opts.confirm)
             try:
+                # The loop runs what the planner says, the race of the finalists last (in every mode that runs
+                # trials: when several workers share the study, the last to finish claims it, see confirm_top_k).
                 with clock.part("trials"):
                     loop.run(ui)
+                raced = loop.raced
                 self._store_baseline_speed(study)
-                # In every mode that runs trials: when several workers share the study, the last to finish
-                # claims it (see confirm_top_k), so it runs once per study, after the trial budget is spent.
                 with clock.part("race"):
-                    raced = confirm_top_k(study, runner, opts.confirm, seed=opts.study.seed, ui=ui,
-                                          worker=_worker_id(), clock=clock)
                     if opts.confirm.confirm_samples:
                         if clock.budgeted:
                             ui.say("  --confirm-samples: not run under a budget (its length is not planned)")
