@@ -246,7 +246,7 @@ def run_once(fn: Callable[..., Any], config: TrialConfig, length: Any, *, label:
     if on_start is not None:
         on_start(run)
     if checkpoint is not None:
-        run.hooks.append(lambda _epoch: checkpoint(_measured(run, ctx, label, length, "running",
+        run.saves.append(lambda _epoch: checkpoint(_measured(run, ctx, label, length, "running",
                                                              None, started, energy, in_progress=True)))
     if energy is not None:
         energy.start()

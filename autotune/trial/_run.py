@@ -103,6 +103,7 @@ class RealRun:
             warmup = max(warmup, _knobs.GRAPH_WARMUP_STEPS + 2)  # eager warm-up, capture, one replay
         self.warmup_micro = -(-warmup // self.accumulation) * self.accumulation
         self.hooks: list[Callable[[int], Any]] = []
+        self.saves: list[Callable[[int], Any]] = []  # autotune's own between epochs (train.json): no script's time
         self.step_hooks: list[tuple[int, str, Callable[[int], Any]]] = []  # (every N optimizer steps, what, hook)
         self.untimed_seconds: dict[str, float] = {}  # seconds outside the windows by what ran: "evaluation", ...
         # The device's energy counter, joules since the run started (None where it is not read): read where
@@ -325,6 +326,8 @@ class RealRun:
             with self.untimed("end-of-epoch hooks"):
                 for hook in self.hooks:
                     hook(self.epoch - 1)
+        for save in self.saves:
+            save(self.epoch - 1)
         self._report()
 
     def _calls(self, ctx: Any) -> int:
@@ -506,6 +509,8 @@ class RunClock:
         if run._window_start is not None:
             run._close_window(report=False)
         run.epoch += 1
+        for save in run.saves:  # what the run measured so far, kept (train.json) as after ctx.batches' epochs
+            save(run.epoch - 1)
         run._report()
 
     def untimed(self, what: str) -> Any:
