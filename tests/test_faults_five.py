@@ -353,10 +353,16 @@ def test_the_printed_commands_paste_into_a_shell_as_they_read(tmp_path):
     assert tune.returncode == 0, tune.stderr
     best = _autotune("best", "my study", "--studies-dir", str(studies), cwd=tmp_path)
     assert best.returncode == 0, best.stderr
+    url = f"sqlite:///{studies / 'other.db'}"
+    created = _autotune("tune", "workloads.py:train_tiny", "--space", str(tmp_path / "space.yaml"), "--study", "my study",
+                        "--create-only", "--storage", url, "--studies-dir", str(studies), cwd=HERE)
+    assert created.returncode == 0, created.stderr
     review = tune.stdout.split("Review it: ", 1)[1].split("   (", 1)[0]
     document = best.stdout.split("the whole document: ", 1)[1].splitlines()[0]
+    join = created.stdout.split("join it with: ", 1)[1].splitlines()[0]
     for line, expected in ((review, ["dashboard", "--storage", f"sqlite:///{studies / 'autotune.db'}"]),
-                           (document, ["best", "my study", "--format", "json"])):
+                           (document, ["best", "my study", "--format", "json"]),
+                           (join, ["worker", "workloads.py:train_tiny", "--study", "my study", "--storage", url])):
         assert line.startswith("autotune "), line
         # Pasted into bash, with printf standing in for autotune: before, $(touch PWNED) ran and the space split.
         pasted = subprocess.run(["bash", "-c", "printf '%s\\n' " + line[len("autotune "):]], cwd=tmp_path,
