@@ -249,3 +249,12 @@ def test_a_process_whose_exit_hangs_after_its_result_is_ended_by_the_launcher(tm
     assert outcome.wall_seconds < 20
     trial = int(pidfile.read_text())
     assert _gone(trial), f"the trial process {trial} survived"
+
+
+def test_a_trainer_library_is_preloaded_only_where_a_forked_trial_can_still_use_the_gpu() -> None:
+    """A module is checked in a fresh interpreter before the trial server imports it for every trial: one that
+    fails to import is left to the trials; without a GPU a touched driver cannot matter, so it is preloaded."""
+    from autotune.study._isolation import _imports_without_cuda
+
+    assert _imports_without_cuda(["json", "torch.nn"])
+    assert not _imports_without_cuda(["no_such_module_for_autotune"])

@@ -321,3 +321,22 @@ def test_a_table_with_knobs_this_project_lacks_replays_whole_studies(tmp_path) -
     run = document["runs"][0]
     assert run["pick"] == {"optimizer": "sgd", "precision": "bf16"} and [p["action"] for p in run["plan"]][-2:] == [
         "race", "stop"]
+
+
+def test_a_race_that_never_ran_the_baseline_beside_the_pick_keeps_the_trials_own_rate() -> None:
+    """The H100 ViT-S/16 under --budget 4: the race ran the pick once (1,530/s, a short run of a loader-bound
+    config) and the budget ended it before the baseline's run; the pick's trial had measured 2,162/s. That one
+    run confirmed nothing, so the pick keeps its trial's rate; a race that ran the baseline beside it replaces
+    the rate with its median."""
+    from autotune._records import best_of
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for number, rate in ((0, 1175.0), (1, 2162.0)):
+        study.add_trial(optuna.trial.create_trial(
+            values=[rate, 0.0], user_attrs={"config": TrialConfig(num_workers=8 * number).to_dict(), "status": "ok"},
+            system_attrs={"constraints:failure": 0.0, "constraints:accuracy": -1.0}))
+    alone = {"winner": 1, "medians": {"1": 1530.0}, "rounds": [{"1": 1530.0, "baseline": None}],
+             "baseline": {"trial": None, "throughputs": [None], "median": None}}
+    assert best_of(study.trials, {CONFIRMATION: alone}).throughput == 2162.0
+    beside = {**alone, "rounds": [{"1": 1530.0, "baseline": 400.0}]}
+    assert best_of(study.trials, {CONFIRMATION: beside}).throughput == 1530.0

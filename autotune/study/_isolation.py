@@ -22,6 +22,8 @@ import multiprocessing.connection
 import os
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -70,7 +72,7 @@ def preload_in_trial_server(*modules: str) -> None:
     (trials are forked from the server); one that fails to import is left to the trials.
     """
     new = [m for m in modules if m not in _PRELOAD]
-    if not new:
+    if not new or not _imports_without_cuda(new):
         return
     _PRELOAD.extend(new)
     if _CONTEXT is not None and _CONTEXT.get_start_method() == "forkserver":
@@ -78,6 +80,25 @@ def preload_in_trial_server(*modules: str) -> None:
 
         forkserver._forkserver._stop()  # a no-op when it has not started
         _CONTEXT.set_forkserver_preload(list(_PRELOAD))
+
+
+def _imports_without_cuda(modules: Sequence[str]) -> bool:
+    """Whether a process forked after importing ``modules`` can still use the GPU, tried in a fresh interpreter:
+    a library that touches CUDA at import (transformers 5.17 with accelerate did, on an H100) leaves every trial
+    forked from the server unable to ("Cannot re-initialize CUDA in forked subprocess"). Such modules are left
+    to each trial to import; so is a module that fails to import. Without a GPU it cannot matter."""
+    # A fork after the imports tells: torch marks a child forked once CUDA's driver was touched as a bad fork,
+    # which matters only where there is a GPU (asked after the fork, in this throwaway interpreter).
+    code = ("import importlib, os, sys, torch\n"
+            f"for name in {list(modules)!r}: importlib.import_module(name)\n"
+            "pid = os.fork()\n"
+            "if pid == 0: os._exit(1 if torch.cuda._is_in_bad_fork() else 0)\n"
+            "bad = os.waitpid(pid, 0)[1] != 0\n"
+            "sys.exit(1 if bad and torch.cuda.is_available() else 0)\n")
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def start_trial_server() -> None:
