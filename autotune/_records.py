@@ -134,6 +134,10 @@ COLOCATION = "colocation_warning"  # the study attribute of the shared-device wa
 # Study attribute: trials whose verdict a later run of the same config on longer evidence replaced
 # (``study/_planner.EXTEND``): that run's trial stands for the config, and these no longer count.
 SUPERSEDED = "superseded_trials"
+# Study attribute: why this run's speed-up divides by baseline runs of an earlier run of the study ("" or absent
+# when it does not): a speed-up is a ratio of runs measured side by side, so a resume races the pick and the
+# baseline again (``study/_planner.race_due``), and where it could not, the summary says so in one line.
+EARLIER_BASELINE = "earlier_baseline"
 
 
 def _best_record(study: optuna.Study) -> Optional[TrialRecord]:
@@ -224,6 +228,8 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
         trials = confirmed.get("trial_throughputs") or {}
         base_key = "baseline" if baseline.get("trial") is None else str(baseline["trial"])
         own, base = trials.get(key), trials.get(base_key)
+        if not _trials_of_race_run(study, confirmed, (key, base_key)):
+            own = base = None  # an earlier run's trials are no pair beside this run's race: the race alone speaks
         # The full trials join the range whenever either one's race runs are more than TRIAL_GAP from it
         # (not only when that gap was the race's largest source of noise), and whenever the trials say slower
         # where the race says faster: a range never says "faster" where the pick's own trial ran slower.
@@ -261,6 +267,25 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
     if not mine or not theirs or min(theirs) <= 0:
         return _SpeedupEvidence(reference, ratio, ratio)
     return _SpeedupEvidence(reference, min(mine) / max(theirs), max(mine) / min(theirs))
+
+
+def _trials_of_race_run(study: optuna.Study, confirmed: dict[str, Any], keys: tuple[str, ...]) -> bool:
+    """Whether the full trials of ``keys`` (trial numbers, or "baseline": its fp32 references) were measured in
+    the run of the study that raced them (its ``since``), so that their ratio joins the race's as runs of one
+    run. A race without ``since`` (a joining worker's, or recorded before runs were told apart) keeps them."""
+    since = confirmed.get("since")
+    if since is None:
+        return True
+    trials = study.get_trials(deepcopy=False)
+    for key in keys:
+        if key.isdigit():
+            began = trials[int(key)].datetime_start if int(key) < len(trials) else None
+        else:
+            began = min((t.datetime_start for t in trials
+                         if t.user_attrs.get("role") == "reference" and t.datetime_start is not None), default=None)
+        if began is None or began.timestamp() < float(since):
+            return False
+    return True
 
 
 def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
@@ -301,7 +326,8 @@ def summarize_study(study: optuna.Study, *, storage_url: str = "") -> Result:
         baseline_source=attrs.get("baseline_source", "") + (
             "; its own speed run did not fit the budget, so the fp32 reference's rate (with the prior point's "
             "loader, faster than its own) stands in for it: the speed-up is understated"
-            if attrs.get(BASELINE_SPEED_PENDING) and evidence.basis != "alternation" else ""),
+            if attrs.get(BASELINE_SPEED_PENDING) and evidence.basis != "alternation" else "")
+        + (f"; {attrs[EARLIER_BASELINE]}" if attrs.get(EARLIER_BASELINE) else ""),
         reference_metric=attrs.get("reference_metric"),
         metric_noise=attrs.get("metric_noise", 0.0),
         pareto=tuple(sorted(pareto, key=lambda r: -r.throughput)),

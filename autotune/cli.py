@@ -282,11 +282,14 @@ _TUNER_OPTIONS = {
 _SCRIPT_COMMANDS = ("tune", "worker", "train")
 
 
-def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None) -> Any:
+def _tuner(args: argparse.Namespace, target: str, *, mode: str = "tune", storage: Optional[str] = None,
+           began: Optional[float] = None) -> Any:
     from autotune.study._tuner import Tuner
 
     demo = target == DEMO_TARGET
     options = {keyword: getattr(args, option) for option, keyword in _TUNER_OPTIONS.items() if hasattr(args, option)}
+    if began is not None:
+        options["began"] = began
     try:
         return _make_tuner(Tuner, args, target, demo, mode, storage, options)
     except ValueError as exc:  # an option out of range (the records validate themselves)
@@ -312,6 +315,7 @@ def _make_tuner(Tuner: Any, args: argparse.Namespace, target: str, demo: bool, m
 
 
 def _tune(args: argparse.Namespace, target: str) -> int:
+    began = time.time()  # this run of the study: its workers' race, before the run below, is this run's
     workers = _worker_envs(args)
     if args.create_only or workers:
         storage = args.storage
@@ -331,7 +335,7 @@ def _tune(args: argparse.Namespace, target: str) -> int:
         if args.gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = workers[0]["CUDA_VISIBLE_DEVICES"]
         args.storage, args.study = storage, result.study_name
-    result = _tuner(args, target).run()
+    result = _tuner(args, target, began=began).run()
     print_summary(result, storage=args.storage, studies_dir=args.studies_dir, top_k=args.top_k)
     return 0
 

@@ -257,6 +257,76 @@ def test_a_noisy_baseline_makes_the_speed_up_a_range(tmp_path, cpu_caps, monkeyp
     assert doc["confirmed"]["noisy"] is True
 
 
+def _resumed_after_a_loaded_baseline(tmp_path, cpu_caps, monkeypatch, *, loaded: str = "", fast: float = 2000.0,
+                                     factor: float = 0.25, top_k: int = 1, resume_top_k: int | None = None):
+    """A study whose first run measured one config under a stand-in load (``factor`` of its rate: its first three
+    runs, the baseline's reference and race runs unless ``loaded`` names another), then resumed with nothing new
+    to run (``resume_top_k``: the resume's --top-k, else ``top_k``): the first run's result and the resumed one's."""
+    for key, value in _env(tmp_path, {_key(num_workers=1): fast}, default=500.0, time_scale=0.0,
+                           script={loaded or config_key(BASE): [factor] * 3}).items():
+        monkeypatch.setenv(key, value)
+    first = _tuner(tmp_path, cpu_caps, n_trials=2, top_k=top_k, sampler=_Enqueued([{"num_workers": 1}])).run()
+    return first, _tuner(tmp_path, cpu_caps, n_trials=2, top_k=top_k if resume_top_k is None else resume_top_k,
+                         sampler=_Enqueued([{"num_workers": 1}])).run()
+
+
+def test_a_resume_races_the_pick_and_the_baseline_again_rather_than_divide_by_an_earlier_run(tmp_path, cpu_caps,
+                                                                                              monkeypatch, capsys):
+    """The first run's race paired the pick (2,000/s) with a loaded baseline (125/s): 16x. The resume added
+    nothing new, and still races the two again in its own run, beside each other: 4x, with no range reaching
+    back to the first run's full trials."""
+    from autotune.integrations._summary import print_summary
+    from autotune.insight._report import summary_lines
+
+    first, resumed = _resumed_after_a_loaded_baseline(tmp_path, cpu_caps, monkeypatch)
+    assert (first.speedup_low, first.speedup_high) == (pytest.approx(16.0), pytest.approx(16.0))
+    race = _study(tmp_path).user_attrs["top_k_confirmation"]
+    assert [v for v in race["baseline"]["throughputs"] if v] == pytest.approx([500.0, 500.0])
+    assert (resumed.speedup_low, resumed.speedup_high) == (pytest.approx(4.0), pytest.approx(4.0))
+    assert resumed.verdict.startswith("4.00x faster") and not resumed.noisy
+    assert "earlier run" not in resumed.baseline_source
+    capsys.readouterr()
+    print_summary(resumed, storage=None, studies_dir=str(tmp_path / "studies"))
+    printed = capsys.readouterr()
+    assert "4.00x" in printed.out + printed.err and "16.00x" not in printed.out + printed.err
+    assert "16.00x" not in "\n".join(summary_lines(_study(tmp_path), {}))
+
+
+def test_a_resume_that_cannot_race_again_says_in_one_line_why_its_speed_up_divides_by_an_earlier_run(
+        tmp_path, cpu_caps, monkeypatch, capsys):
+    from autotune.integrations._summary import print_summary
+
+    _, resumed = _resumed_after_a_loaded_baseline(tmp_path, cpu_caps, monkeypatch, resume_top_k=0)
+    assert resumed.speedup_low == pytest.approx(16.0)  # the first run's race stands, and is said to
+    capsys.readouterr()
+    print_summary(resumed, storage=None, studies_dir=str(tmp_path / "studies"), top_k=0)
+    printed = capsys.readouterr()
+    lines = [line for line in (printed.out + printed.err).splitlines() if "earlier run of this study" in line]
+    assert len(lines) == 1, printed
+    assert "not re-measured beside the pick in this run: --top-k 0" in lines[0]
+
+
+def test_no_first_faster_trial_beside_a_faster_verdict_says_which_runs_made_it_faster(tmp_path, cpu_caps,
+                                                                                     monkeypatch, capsys):
+    """The pick's full trial and the first run's race ran under a load (450/s against the baseline's 500/s): no
+    full trial's own run beat the baseline's. The resume races them side by side (1,000/s against 500/s): the
+    verdict says 2.00x, and the first-faster line says where that came from rather than contradict it."""
+    from autotune.integrations._summary import print_summary
+    from autotune.insight._report import summary_lines
+
+    first, resumed = _resumed_after_a_loaded_baseline(tmp_path, cpu_caps, monkeypatch, fast=1000.0,
+                                                      loaded=_key(num_workers=1), factor=0.45, top_k=2)
+    assert not first.faster and resumed.faster and resumed.verdict == "2.00x faster than the baseline"
+    capsys.readouterr()
+    print_summary(resumed, storage=None, studies_dir=str(tmp_path / "studies"))
+    printed = capsys.readouterr().out
+    note = "\n".join(summary_lines(_study(tmp_path), {}))
+    for text in (printed, note):
+        line = next(line for line in text.splitlines() if "First faster config:" in line)
+        assert "no feasible full trial's own run beat the baseline's; the pick's speed-up (2.00x faster than " \
+               "the baseline) is from per-round ratios" in line, line
+
+
 # -- the decision rules and the split, alone -------------------------------------------------------------
 
 

@@ -192,7 +192,7 @@ def summary_lines(study: optuna.Study, diagnoses: dict[int, Diagnosis]) -> list[
         lines.append(race)
     if attrs.get("time_split"):
         lines.append(f"Where the minutes went: {format_split(attrs['time_split'])}.")
-        lines.extend(plan_lines(attrs["time_split"]))
+        lines.extend(plan_lines(attrs["time_split"], result))
     removed = attrs.get("removed_knobs") or {}
     if removed:
         lines.append("Removed by the capability probe: " + "; ".join(f"`{k}` ({v})" for k, v in removed.items()) + ".")
@@ -255,17 +255,35 @@ def format_split(split: Mapping[str, Any]) -> str:
     return f"{head}: " + ", ".join(shown) + tail
 
 
-def plan_lines(split: Mapping[str, Any]) -> list[str]:
+def plan_lines(split: Mapping[str, Any], result: Any = None) -> list[str]:
     """What the study's order did with its minutes (from the split: see ``Tuner._record_split``): when the
-    first faster config was measured, references reused or shortened, and why probes ran or did not."""
+    first faster config was measured, references reused or shortened, and why probes ran or did not.
+
+    The first faster config is a full trial's own run against the baseline's reference, noted when it was
+    measured; the verdict (``result``, the study's ``Result``) may rest on other runs (the race's, side by side).
+    The line never contradicts it: a ratio the verdict does not hold is left out, and where no trial's own run
+    beat the baseline's but the verdict says faster, the line says which runs did."""
     lines = []
     first, budget = split.get("first_faster"), split.get("budget")
+    faster = result is not None and result.faster
     if isinstance(first, dict) and first.get("seconds") is not None:
         share = f", {first['seconds'] / budget:.0%} of the budget" if budget else ""
-        lines.append(f"First faster config: trial #{first.get('trial')} at {first.get('speedup', 0):.2f}x, measured "
-                     f"{first['seconds']:.0f} s into the study{share}.")
+        ratio = float(first.get("speedup") or 0.0)
+        held = result is None or (faster and result.speedup_low - 0.005 <= ratio <= result.speedup_high + 0.005)
+        text = f"First faster config: trial #{first.get('trial')}" + (f" at {ratio:.2f}x" if held else "")
+        text += f", measured {first['seconds']:.0f} s into the study{share}"
+        if not held and faster:
+            text += (f" (its own run against the baseline's; the verdict, {result.verdict}, is from "
+                     f"{result.spread_text})")
+        elif not held:
+            text += f" (its own run against the baseline's, which the verdict did not bear out: {result.verdict})"
+        lines.append(text + ".")
     elif "first_faster" in split:
-        lines.append("First faster config: no feasible full trial's own run beat the baseline's.")
+        if faster:
+            lines.append(f"First faster config: no feasible full trial's own run beat the baseline's; the pick's "
+                         f"speed-up ({result.verdict}) is from {result.spread_text}.")
+        else:
+            lines.append("First faster config: no feasible full trial's own run beat the baseline's.")
     reused = split.get("references_reused")
     if isinstance(reused, dict):
         lines.append(f"References: reused from study {reused.get('study')!r} ({reused.get('created')}), 0 s.")

@@ -150,7 +150,7 @@ def print_summary(result: Any, *, storage: Optional[str], studies_dir: str, top_
         from autotune.insight._report import format_split, plan_lines
 
         say(f"Where the minutes went: {format_split(split)}.")
-        for line in plan_lines(split):
+        for line in plan_lines(split, result):
             say(line)
     console.print(f"Best config written to {escape(str(result.best_config_path))}")
     import shlex

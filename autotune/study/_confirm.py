@@ -37,7 +37,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune._config import Budget, TrialConfig, TrialRecord
-from autotune._records import CONFIRMATION, _best_record, _feasible
+from autotune._records import CONFIRMATION, _best_record, _feasible, _trials_of_race_run
 from autotune.hardware import machine_load
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import StudyClock
@@ -168,32 +168,35 @@ def disagreement(rates: list[float]) -> float:
 
 
 def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOptions, *, seed: int,
-                  ui: _Progress, worker: str = "", clock: Optional[StudyClock] = None) -> bool:
+                  ui: _Progress, worker: str = "", clock: Optional[StudyClock] = None,
+                  since: Optional[float] = None) -> bool:
     """Race the top K configs and the baseline (see the module's docstring), so that drift or one lucky
     sample cannot crown one, and so that the speed-up compares runs of the same rounds.
 
-    Skipped when these configs were raced already (a resume that added nothing faster), when a trial is
-    still running (its worker races when it finishes), or when another worker holds the claim. Returns
-    whether it ran.
+    ``since`` (when this run began) is recorded with the race: the full trials measured before it are an earlier
+    run's, not side by side with the race's runs (``_records._speedup_evidence``).
+
+    Skipped when the planner finds no race due (``_planner.race_due``: these configs were raced already in
+    the run that began at ``since``), when a trial is still running (its worker races when it finishes), or
+    when another worker holds the claim. Returns whether it ran.
     """
-    if options.top_k < 1:  # top-1 still races the pick with the baseline
+    from autotune.study._planner import race_due  # the planner imports this module
+
+    if not race_due(study, options.top_k, since=since):  # top-1 still races the pick with the baseline
         return False
     entrants, base_key, signature = _entrants(study, options.top_k)
-    if len(entrants) < 2:
-        return False
-    previous = study.user_attrs.get(CONFIRMATION)
-    if previous and previous.get("candidates") == signature:
-        return False  # already confirmed these, e.g. on a resume with nothing new
     if _running_elsewhere(study):
         return False
     if not _claim(study, signature, worker, ui=ui):
         return False
-    race = _Race(study, entrants, base_key, options.confirm_rounds)
+    race = _Race(study, entrants, base_key, options.confirm_rounds, since=since)
     with _ClaimLease(study, signature, worker):
         race.run(runner, seed=seed, ui=ui, clock=clock or StudyClock())
     if not race.rounds:
         return False  # the budget had no time for one run: nothing is recorded, a resume can race them
-    study.set_user_attr(CONFIRMATION, race.record(signature, worker))
+    study.set_user_attr(CONFIRMATION, {**race.record(signature, worker), "since": since})
+    # The race is recorded: its claim is held no more (a resume that races these again takes it without a word).
+    study.set_user_attr(CLAIM, {**(study.user_attrs.get(CLAIM) or {}), "done": True})
     return True
 
 
@@ -201,8 +204,9 @@ class _Race:
     """One race of finalists and the baseline; ``run`` races them, ``record`` is what the study keeps."""
 
     def __init__(self, study: optuna.Study, entrants: list[tuple[str, TrialConfig, float]], base_key: str,
-                 max_rounds: int) -> None:
+                 max_rounds: int, since: Optional[float] = None) -> None:
         self.study = study
+        self.since = since  # when this run began: full trials measured before it are an earlier run's
         self.entrants = entrants
         self.base_key = base_key
         self.max_rounds = max(1, max_rounds)
@@ -317,7 +321,8 @@ class _Race:
     def _noise(self) -> tuple[float, str, bool]:
         """How far the race's own measurements disagree, past the thresholds (0 when they do not): the
         largest of each entrant's race runs among themselves (``NOISY_MACHINE``) and of its race median
-        against its full trial (``TRIAL_GAP``); the reason in words, and whether it is a trial's gap."""
+        against its full trial (``TRIAL_GAP``) where that trial ran in this run (an earlier run's is no measure of
+        this one's noise); the reason in words, and whether it is a trial's gap."""
         worst: tuple[float, str, bool] = (0.0, "", False)
         for key, _, _ in self.entrants:
             runs = self._rates(key)
@@ -326,7 +331,7 @@ class _Race:
             if spread > NOISY_MACHINE and spread > worst[0]:
                 worst = (spread, f"{name}'s own runs in the race differed by {spread:.0%}", False)
             trial = self.first.get(key) or 0.0
-            if runs and trial > 0:
+            if runs and trial > 0 and _trials_of_race_run(self.study, {"since": self.since}, (key,)):
                 median = statistics.median(runs)
                 gap = disagreement([median, trial])
                 if gap > TRIAL_GAP and gap > worst[0]:
@@ -361,6 +366,7 @@ class _Race:
                      "load": self.loads, "joules_per_sample": self.energy},
             "trial_throughputs": {k: self.first[k] for k in keys},  # each entrant's full trial (or reference)
             "worker": worker,
+            "at": time.time(),  # when it ended: a resume that began later races again (``_planner.race_due``)
         }
 
 
@@ -408,7 +414,7 @@ def _claim(study: optuna.Study, signature: list[Optional[int]], worker: str, *, 
     then it takes the claim over and says so in one line.
     """
     claim = study.user_attrs.get(CLAIM)
-    if claim and claim.get("candidates") == signature and claim.get("worker") != worker:
+    if claim and not claim.get("done") and claim.get("candidates") == signature and claim.get("worker") != worker:
         stale = _claim_stale(study, claim)
         if not stale:
             return False

@@ -102,13 +102,16 @@ class TrialLoop:
         top_k: Finalists the race after the search will run (what it needs is kept free).
         confirm: How the race runs when the planner says so (``RACE``); None: this loop runs no race.
         probes: Probe the loader and the step apart when a trial waits on its input (``_probes``).
+        since: ``time.time()`` when this run of the study began: a race recorded before it is an earlier
+            run's, and the planner races the finalists again (``_planner.race_due``). None: races recorded
+            by any run count as this one's (a joining worker).
     """
 
     def __init__(self, *, study: optuna.Study, space: SearchSpace, storage: Any, runner: TrialRunner,
                  references: References, n_trials: int, timeout: Optional[float], started: float,
                  prune_below: Optional[float], seed: int, identity: dict[str, str],
                  clock: Optional[StudyClock] = None, top_k: int = 0, probes: bool = True,
-                 confirm: Optional[ConfirmOptions] = None) -> None:
+                 confirm: Optional[ConfirmOptions] = None, since: Optional[float] = None) -> None:
         self.study = study
         self.space = space
         self.storage = storage
@@ -138,6 +141,7 @@ class TrialLoop:
         self._deadline_stop = ""  # a trial this run ran was stopped at the study's deadline: why
         self.confirm = confirm
         self._race_tried = False  # this run raced the finalists, or tried to (RACE)
+        self.since = since  # this run's start: a race recorded before it is an earlier run's (race_due)
         self.raced = False  # and the race ran
 
     def run(self, ui: _Progress) -> None:
@@ -160,7 +164,7 @@ class TrialLoop:
                 if self.confirm is not None:
                     with self.clock.part("race"):
                         self.raced = confirm_top_k(self.study, self.runner, self.confirm, seed=self.seed, ui=ui,
-                                                   worker=_worker_id(), clock=self.clock)
+                                                   worker=_worker_id(), clock=self.clock, since=self.since)
                 continue
             if decision.action == PROBE:
                 self._probe(ui)
@@ -217,7 +221,7 @@ class TrialLoop:
                        over_budget_streak=self._over_budget, last_over_budget=self.budget_note,
                        ruled_out_streak=self._ruled_out, stopped=self._stopped(),
                        top_k=self.confirm.top_k if self.confirm is not None else 0, race_tried=self._race_tried,
-                       probed=lambda best: best.number in self._probed or (
+                       since=self.since, probed=lambda best: best.number in self._probed or (
                            self.probes is not None and self.probes.probed(best.config)),
                        device_next=lambda best: self.probes is not None
                        and self.probes.device_variant(best.config) is not None,

@@ -44,6 +44,9 @@ class StudyOptions:
             running control daemon or starts one for the study (pipes and logs under its folder in
             ``studies_dir``, stopped when the study ends), else drops ``mps=true`` from the space with the
             reason; ``"on"`` fails where MPS cannot start; ``"off"`` drops ``mps=true``.
+        began: When this run of the study began (``time.time()``); None: when ``Tuner.run`` began. A race of the
+            finalists recorded before it was an earlier run's, under that run's load, and is run again beside
+            the pick. A command that runs workers before its own run passes its start: their race is this run's.
     """
 
     study_name: Optional[str] = None
@@ -55,6 +58,7 @@ class StudyOptions:
     progress: bool = True
     plots: bool = True
     mps: str = "auto"
+    began: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -328,7 +328,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
             extend_cost: Optional[Callable[[Mapping[str, Any], float], float]] = None,
             budgeted: bool = False, space_size: Optional[int] = None, over_budget_streak: int = 0,
             last_over_budget: str = "", ruled_out_streak: int = 0, stopped: str = "", top_k: int = 0,
-            race_tried: bool = False) -> StudyView:
+            race_tried: bool = False, since: Optional[float] = None) -> StudyView:
     """The planner's view of an Optuna study (a running one, or one recorded earlier).
 
     Args:
@@ -348,6 +348,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         stopped: See ``StudyView.stopped``.
         top_k: The race's finalists (0: no race).
         race_tried: This run raced already, or tried to (another worker's claim, no time for a run).
+        since: When this run began (``time.time()``): a race recorded before it is an earlier run's
+            (``race_due``). None: every race recorded counts as this run's (a whole-study replay).
     """
     trials = study.get_trials(deepcopy=False)
     best = _best_record(study)
@@ -378,17 +380,22 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         probe_seconds=probe_round_seconds(study, best.config) if budgeted and best is not None else 0.0,
         extension=extension, exhausted=space_size is not None and len(_distinct_configs(study)) >= space_size,
         over_budget_streak=over_budget_streak, last_over_budget=last_over_budget, ruled_out_streak=ruled_out_streak,
-        stopped=stopped, race_due=not race_tried and race_due(study, top_k))
+        stopped=stopped, race_due=not race_tried and race_due(study, top_k, since=since))
 
 
-def race_due(study: Any, top_k: int) -> bool:
-    """Whether the finalists of now, with the baseline, are two or more and were not raced already (a resume
-    that added nothing faster has raced them)."""
+def race_due(study: Any, top_k: int, *, since: Optional[float] = None) -> bool:
+    """Whether the finalists of now, with the baseline, are two or more and were not raced already in this run.
+
+    A race recorded before ``since`` (this run's start) measured its runs in an earlier run of the study, under
+    whatever load that run had: a resume races the pick and the baseline again, so that the speed-up it states
+    is a ratio of runs measured side by side now (``_records.EARLIER_BASELINE`` says why where it cannot).
+    Without ``since``, finalists raced already are not raced again."""
     if top_k < 1 or "baseline_config" not in study.user_attrs:
         return False
     entrants, _, signature = _entrants(study, top_k)
     previous = study.user_attrs.get(CONFIRMATION) or {}
-    return len(entrants) >= 2 and previous.get("candidates") != signature
+    earlier = since is not None and float(previous.get("at") or 0.0) < since
+    return len(entrants) >= 2 and (previous.get("candidates") != signature or earlier)
 
 
 # The timed windows of one loader variant in a loader probe (a few short windows at the loader's rate).

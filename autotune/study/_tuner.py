@@ -21,7 +21,7 @@ import optuna
 from autotune import hardware as _hardware
 from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig, script_baseline_differences
 from autotune._errors import AutotuneError, SpaceError, StudyError
-from autotune._records import BASELINE_SPEED_PENDING, COLOCATION, study_dir, summarize_study
+from autotune._records import BASELINE_SPEED_PENDING, COLOCATION, EARLIER_BASELINE, study_dir, summarize_study
 from autotune._target import local_modules, target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
@@ -610,6 +610,9 @@ class Tuner:
 
     def _run(self, cleanup: contextlib.ExitStack) -> Result:
         started = time.monotonic()
+        # This run's start: a race recorded before it is an earlier run's, raced again (``_planner.race_due``). A
+        # joining worker shares a run with the others, whose trials and race it cannot tell apart: it keeps none.
+        since = (self.options.study.began or time.time()) if self.options.study.mode != "join" else None
         opts = self.options
         minutes = opts.search.budget_minutes
         clock = self._clock = StudyClock(budget_seconds=minutes * 60 if minutes else None, started=started)
@@ -730,13 +733,14 @@ class Tuner:
             loop = TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
                              n_trials=opts.search.n_trials, timeout=opts.search.timeout, started=started,
                              prune_below=opts.search.prune_below, seed=opts.study.seed, identity=self._identity,
-                             clock=clock, top_k=opts.confirm.top_k, confirm=opts.confirm)
+                             clock=clock, top_k=opts.confirm.top_k, confirm=opts.confirm, since=since)
             try:
                 # The loop runs what the planner says, the race of the finalists last (in every mode that runs
                 # trials: when several workers share the study, the last to finish claims it, see confirm_top_k).
                 with clock.part("trials"):
                     loop.run(ui)
                 raced = loop.raced
+                study.set_user_attr(EARLIER_BASELINE, "" if raced else self._earlier_baseline(study, loop))
                 self._store_baseline_speed(study)
                 with clock.part("race"):
                     if opts.confirm.confirm_samples:
@@ -764,18 +768,52 @@ class Tuner:
     def _why_unconfirmed(self, study: optuna.Study, loop: TrialLoop) -> str:
         """Why no race confirmed the pick in this run ("" when an earlier run's race still stands)."""
         from autotune._records import CONFIRMATION
-        from autotune.study._confirm import CLAIM, _entrants, _running_elsewhere
 
         confirmation = study.user_attrs.get(CONFIRMATION) or {}
         if confirmation and confirmation.get("winner") is not None:
             return ""
+        return self._why_not_raced(study, loop)
+
+    def _earlier_baseline(self, study: optuna.Study, loop: TrialLoop) -> str:
+        """Why the speed-up of a run that raced nothing divides by baseline runs of an earlier run of the study
+        ("" where it does not): the race recorded before this run began, or, with no race of the pick, the fp32
+        references of an earlier run against a pick measured in this one. A speed-up is a ratio of runs measured
+        side by side; the planner races them again on a resume (``_planner.race_due``), and this says why not."""
+        from autotune._records import CONFIRMATION, _best_record
+
+        best = _best_record(study)
+        if best is None:
+            return ""
+        confirmation = study.user_attrs.get(CONFIRMATION) or {}
+        if confirmation.get("winner") is not None and int(confirmation["winner"]) == best.number:
+            at = float(confirmation.get("at") or 0.0)
+            what = "the race of an earlier run of this study"
+        else:
+            trials = study.get_trials(deepcopy=False)
+            ended = [t.datetime_complete.timestamp() for t in trials
+                     if t.user_attrs.get("role") == "reference" and t.datetime_complete is not None]
+            mine = trials[best.number].datetime_start
+            if loop.since is None or not ended or mine is None or mine.timestamp() < loop.since:
+                return ""  # the pick and the baseline were measured in the same run
+            at, what = max(ended), "the fp32 reference runs of an earlier run of this study"
+        if loop.since is None or at >= loop.since:
+            return ""
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "before this one"
+        return (f"the speed-up divides by the baseline's rate from {what} ({when}), not re-measured beside the "
+                f"pick in this run: {self._why_not_raced(study, loop)}")
+
+    def _why_not_raced(self, study: optuna.Study, loop: TrialLoop) -> str:
+        """Why this run did not race the pick and the baseline."""
+        from autotune.study._confirm import CLAIM, _entrants, _running_elsewhere
+
         if self.options.confirm.top_k < 1:
             return "--top-k 0: the pick and the baseline were not raced"
         entrants, _, signature = _entrants(study, self.options.confirm.top_k)
         if len(entrants) < 2:
             return "fewer than two feasible configs (the baseline counting as one) to race"
         claim = study.user_attrs.get(CLAIM) or {}
-        if claim.get("candidates") == signature and claim.get("worker") not in (None, _worker_id()):
+        if not claim.get("done") and claim.get("candidates") == signature \
+                and claim.get("worker") not in (None, _worker_id()):
             holder = str(claim["worker"])
             if holder.startswith(f"{socket.gethostname()}:") and not _worker_alive(holder):
                 return f"the race of these finalists was claimed by a process that is gone ({holder}); rerun to race"
