@@ -327,6 +327,30 @@ def test_no_first_faster_trial_beside_a_faster_verdict_says_which_runs_made_it_f
                "the baseline) is from per-round ratios" in line, line
 
 
+def test_the_reports_accuracy_check_cost_and_the_summarys_minutes_are_one_set_of_figures(tmp_path, cpu_caps,
+                                                                                         monkeypatch, capsys):
+    """After a resume, the report's accuracy-check cost and the summary's "Where the minutes went" state the same
+    seconds: the report's came from every run's timestamps and said 269 s of 6.1 min beside the summary's 347 s
+    of 809 s."""
+    import re
+
+    from autotune.integrations._summary import print_summary
+    from autotune.insight._report import summary_lines
+
+    _, resumed = _resumed_after_a_loaded_baseline(tmp_path, cpu_caps, monkeypatch, resume_top_k=0)
+    capsys.readouterr()
+    print_summary(resumed, storage=None, studies_dir=str(tmp_path / "studies"), top_k=0)
+    printed = capsys.readouterr().out
+    minutes = next(line for line in printed.splitlines() if line.startswith("Where the minutes went: "))
+    wall = re.match(r"Where the minutes went: (\d+) s", minutes).group(1)
+    # The resume ran no references: the split leaves a part under half a second out.
+    references, share = (re.search(r": references (\d+) s \((\d+%)\)", minutes) or re.match("()()", "")).groups()
+    references, share = references or "0", share or "0%"
+    cost = next(line for line in summary_lines(_study(tmp_path), {}) if line.startswith("Accuracy check cost: "))
+    assert cost.startswith(f"Accuracy check cost: {references} s of fp32 reference runs, {share} of this run's "
+                           f"{wall} s"), (cost, minutes)
+
+
 # -- the decision rules and the split, alone -------------------------------------------------------------
 
 

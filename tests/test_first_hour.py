@@ -94,3 +94,24 @@ def test_baseline_batch_size_wins_over_the_batch_size_option(tmp_path, cpu_caps,
 def test_the_batch_size_option_is_checked() -> None:
     with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         Tuner(f"{WORKLOADS}:train_plain_script", batch_size=0)
+
+
+def test_the_reference_row_and_its_progress_line_say_the_run_as_it_ran(tmp_path, cpu_caps, write_space,
+                                                                        monkeypatch, capsys) -> None:
+    """The script passes batch 256 to ctx.loader and loads with one persistent worker. The progress line of the
+    first reference named the space's batch before the script's was adopted, and the trial list's reference row
+    ("workers=0", as it ran) was labelled the baseline beside a baseline of workers=1: each now says what ran."""
+    from autotune.study._progress import _Progress
+
+    statuses: list[str] = []
+    shown = _Progress.status
+    monkeypatch.setattr(_Progress, "status", lambda self, text: (statuses.append(text), shown(self, text)))
+    result = _tuner(tmp_path, cpu_caps, write_space, target=f"{WORKLOADS}:train_own_dataloader", n_trials=1,
+                    progress=True).run()
+    printed = capsys.readouterr().out
+    first = next(text for text in statuses if text.startswith("reference 1/1: "))
+    assert first.startswith("reference 1/1: fp32 at the script's batch ") and " bs" not in first, first
+    row = next(line for line in printed.splitlines() if " ref " in line and "/s  " in line)
+    assert "workers=0" in row and "[the fp32 reference run, as it ran; the baseline is " in row, row
+    assert f"the baseline is {result.baseline.describe()}, its own speed timed apart" in row, row
+    assert "workers=1" in result.baseline.describe()

@@ -111,7 +111,9 @@ class _Progress:
         """The memory rule, or a combination that cannot run here, answered a proposed config without a run."""
         self.say(f"  #{number:<3} {'skipped':<7} {'':>12}  {config.describe()}  [{reason}; not run]")
 
-    def end_trial(self, trial: FrozenTrial) -> None:
+    def end_trial(self, trial: FrozenTrial, baseline: Optional[TrialConfig] = None) -> None:
+        """A finished trial's row; ``baseline``: the study's baseline, for the reference run's row, which shows the
+        config as it ran (its references' loader can be another than the baseline's own, timed apart)."""
         if self._progress is None:
             return
         status = trial.user_attrs.get("status", "?")
@@ -128,6 +130,10 @@ class _Progress:
             note += f"  [{trial.user_attrs['error'][:160]}]"  # what failed, in one line (the log has the rest)
         if trial.user_attrs.get("role") == "reference":
             status, note = "ref", "  [the fp32 reference run: the baseline]"
+            ran = TrialConfig.from_dict(trial.user_attrs["config"]) if "config" in trial.user_attrs else None
+            if baseline is not None and ran is not None and ran != baseline:
+                note = (f"  [the fp32 reference run, as it ran; the baseline is {baseline.describe()}, its own "
+                        "speed timed apart]")
         self.say(f"  #{trial.number:<3} {status:<7} {rate:>10,.1f}/s  {config}{note}")
 
     def set_completed(self, count: int) -> None:

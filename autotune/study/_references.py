@@ -251,7 +251,8 @@ class References:
         for repeat in range(repeats):
             seed = self.seed + repeat
             while True:
-                ui.status(f"reference{where} {repeat + 1}/{repeats}: {config.describe()} (seed {seed})")
+                what = _described(config, adopt_script_batch and not done)
+                ui.status(f"reference{where} {repeat + 1}/{repeats}: {what} (seed {seed})")
                 name = f"{workdir}-{repeat}" + (f"-micro{config.batch_size}" if split else "")
                 first = not done
                 budget = dataclasses.replace(self.runner.budget, seconds=first_seconds) \
@@ -460,6 +461,17 @@ def _stored_band(attrs: dict[str, Any]) -> ReferenceBand:
         return ReferenceBand.from_dict(attrs[REFERENCE_BAND])
     # A study made before loss trajectories were recorded: its metrics alone.
     return ReferenceBand(metrics=tuple(attrs.get("reference_metrics") or ()))
+
+
+def _described(config: TrialConfig, script_batch: bool) -> str:
+    """``config`` in words; ``script_batch``: the run adopts the batch the script passes to ctx.loader, which is
+    not known before it runs, so the space's batch (``bs64``) would name a batch it may not use."""
+    text = config.describe()
+    if not script_batch:
+        return text
+    parts = text.split(" ")
+    parts[1] = "at the script's batch"  # describe() puts the batch second: bs64, or bs64x8 when accumulating
+    return " ".join(parts)
 
 
 def _half_micro_batch(config: TrialConfig) -> Optional[TrialConfig]:

@@ -510,13 +510,16 @@ class Tuner:
     def _show_reference(study: optuna.Study, reference: dict[str, Any], ui: _Progress) -> None:
         """The reference run's line: trial 0 when the baseline is a point of the space, else unnumbered."""
         first = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") == "reference"), None)
+        baseline = TrialConfig.from_dict(study.user_attrs["baseline_config"])
         if first is not None:
-            ui.end_trial(first)
+            ui.end_trial(first, baseline)
             return
-        config = TrialConfig.from_dict(_reference_config(reference)).describe()
+        ran = TrialConfig.from_dict(_reference_config(reference))
         rate = Measurement.from_dict(reference["reference_measurement"]).throughput
-        ui.say(f"  {'-':<4} {'ref':<7} {rate:>10,.1f}/s  {config}  "
-               "[the fp32 reference run: the baseline, not a point of the space]")
+        what = (": the baseline, not a point of the space" if ran == baseline
+                else f", as it ran; the baseline is {baseline.describe()}, its own speed timed apart; the baseline is "
+                     "not a point of the space")
+        ui.say(f"  {'-':<4} {'ref':<7} {rate:>10,.1f}/s  {ran.describe()}  [the fp32 reference run{what}]")
 
     def _stored_model_restriction(self, storage: Any, space: _space.SearchSpace) -> _space.SearchSpace:
         """A resumed study keeps what its reference run showed about the model (e.g. no 4-D activations)."""
