@@ -270,9 +270,10 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
 
 
 def _trials_of_race_run(study: optuna.Study, confirmed: dict[str, Any], keys: tuple[str, ...]) -> bool:
-    """Whether the full trials of ``keys`` (trial numbers, or "baseline": its fp32 references) were measured in
-    the run of the study that raced them (its ``since``), so that their ratio joins the race's as runs of one
-    run. A race without ``since`` (a joining worker's, or recorded before runs were told apart) keeps them."""
+    """Whether the full trials of ``keys`` (trial numbers, or "baseline": its fp32 references, dated by the
+    reference trial or else the study's first trial) were measured in the run of the study that raced them (its
+    ``since``), so that their ratio joins the race's as runs of one run. A race without ``since`` (a joining
+    worker's, or recorded before runs were told apart) keeps them."""
     since = confirmed.get("since")
     if since is None:
         return True
@@ -280,9 +281,9 @@ def _trials_of_race_run(study: optuna.Study, confirmed: dict[str, Any], keys: tu
     for key in keys:
         if key.isdigit():
             began = trials[int(key)].datetime_start if int(key) < len(trials) else None
-        else:
-            began = min((t.datetime_start for t in trials
-                         if t.user_attrs.get("role") == "reference" and t.datetime_start is not None), default=None)
+        else:  # the references ran in the run that made the study, before its first trial (when none is trial 0)
+            references = [t for t in trials if t.user_attrs.get("role") == "reference"] or trials
+            began = min((t.datetime_start for t in references if t.datetime_start is not None), default=None)
         if began is None or began.timestamp() < float(since):
             return False
     return True
