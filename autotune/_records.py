@@ -127,6 +127,18 @@ def _feasible(study: optuna.Study) -> list[TrialRecord]:
 
 
 CONFIRMATION = "top_k_confirmation"  # the study attribute of the top-K re-measurement (study/_confirm)
+# A race (study/_confirm) calls the machine noisy where a finalist's own race runs differ by more than its
+# NOISY_MACHINE, or any config's race median and its full trial by more than this (max / min - 1): a race run
+# is shorter than a trial (about a second a window), so the two agree less closely than two race runs, yet a
+# factor of 1.5 is no measurement error. The speed-up's range reads it too.
+TRIAL_GAP = 0.5
+
+
+def disagreement(rates: list[float]) -> float:
+    """max / min - 1 of a config's runs (0 with fewer than two)."""
+    rates = [r for r in rates if r]
+    return max(rates) / min(rates) - 1.0 if len(rates) >= 2 and min(rates) > 0 else 0.0
+
 # Study attribute: the baseline's own speed run is still to come (``study/_references``): under a budget it runs
 # after the first full trial, and until then the references' rate stands in for the baseline's.
 BASELINE_SPEED_PENDING = "baseline_speed_pending"
@@ -217,7 +229,6 @@ def _speedup_evidence(study: optuna.Study, best: Optional[TrialRecord]) -> _Spee
         # is what the alternation says about the speed-up.
         import statistics
 
-        from autotune.study._confirm import TRIAL_GAP, disagreement  # the race's own threshold (it imports this)
 
         key = str(best.number)
         pairs = [(r.get(key), b) for r, b in zip(confirmed.get("rounds", []), baseline["throughputs"])]

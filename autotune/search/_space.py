@@ -37,71 +37,14 @@ from autotune._config import (
     TORCH_LOADER_KNOBS,
     Budget,
     TrialConfig,
+    _check_value,
+    config_value_problem,
 )
 from autotune._errors import SpaceError
 from autotune.trial import _float8
 
-_BOOL_KNOBS = ("channels_last", "cuda_graphs", "cudnn_benchmark", "pin_memory", "persistent_workers",
-               "activation_checkpointing", "gradient_as_bucket_view", "static_graph", "mps")
-_CHOICE_KNOBS = {"precision": PRECISIONS, "compile": COMPILE_MODES, "compile_scope": COMPILE_SCOPES,
-                 "loader": LOADERS, "attention": ATTENTION_BACKENDS, "optimizer_impl": OPTIMIZER_IMPLS,
-                 "grad_compression": GRAD_COMPRESSIONS, "allocator": ALLOCATORS, "augment": AUGMENTS}
-
-
-def _check_value(knob: str, value: Any) -> Optional[str]:
-    if knob in _BOOL_KNOBS:
-        return None if isinstance(value, bool) else f"{value!r} is not true or false"
-    if knob in _CHOICE_KNOBS:
-        known = _CHOICE_KNOBS[knob]
-        return None if value in known else f"{value!r} is not one of {', '.join(known)}"
-    if knob == "memory_fraction":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
-        return None if ok else f"{value!r} is not a fraction in (0, 1]"
-    if knob == "cpu_threads" and value is None:
-        return None  # null: torch's default thread count
-    if not isinstance(value, int) or isinstance(value, bool):
-        return f"{value!r} is not an integer"
-    if knob == "batch_size":
-        # Any batch the script trains at, on any device: the Tensor Core multiples of 8 are what a range of
-        # batch sizes proposes (``_parse_range``), not a rule for the baseline or for sizes listed by hand.
-        return None if value > 0 else f"{value} is not a positive integer"
-    if knob == "num_workers":
-        return None if value >= 0 else f"{value} is negative"
-    if knob in ("prefetch_factor", "cpu_threads", "dali_threads", "dali_prefetch", "bucket_cap_mb", "processes_per_gpu"):
-        return None if value >= 1 else f"{value} is below 1"
-    raise AssertionError(knob)
-
-
-def config_value_problem(name: str, value: Any) -> Optional[str]:
-    """Why ``value`` is not a value of the TrialConfig field ``name`` (one short phrase), or None.
-
-    A config read from a file (``best_config.json``, ``autotune train --config``, a replay table) is checked
-    here before it trains: a mistyped precision such as ``"bf-16"`` would otherwise train fp32 under its label.
-    The fields a study sets (``STUDY_FIELDS``) but ``global_batch`` are checked by ``TrialConfig`` itself.
-    """
-    if value is not None and not isinstance(value, (str, int, float, bool)):
-        return f"is a {type(value).__name__}, not a single value"
-    if name == "global_batch":
-        ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
-        return None if ok else f"{_short(value)} is not a positive integer"
-    if name not in KNOBS:
-        return None
-    try:
-        problem = _check_value(name, value)
-    except AssertionError:  # a knob the space's checks do not know yet: TrialConfig checks its own
-        return None
-    if problem is not None and len(problem) > 160:
-        problem = _short(value) + problem[len(repr(value)):]
-    return problem
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
-
-
 _LATER_KNOBS = frozenset({"attention", "optimizer_impl", "activation_checkpointing", "processes_per_gpu", "mps",
-                          "allocator", "compile_scope", *DDP_KNOBS})
+                          "allocator", "compile_scope", "augment", *DDP_KNOBS})
 KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrialConfig) if f.name not in STUDY_FIELDS)
 # The fewest optimizer steps a trial may take: its loss trajectory's last quarter must hold some.
 MIN_OPTIMIZER_STEPS = 8

@@ -37,7 +37,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune._config import Budget, TrialConfig, TrialRecord
-from autotune._records import CONFIRMATION, _best_record, _feasible, _trials_of_race_run
+from autotune._records import CONFIRMATION, TRIAL_GAP, _best_record, _feasible, _trials_of_race_run, disagreement
 from autotune.hardware import machine_load
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import StudyClock
@@ -59,10 +59,8 @@ BASELINE_RUNS = 2  # the fewest baseline runs that show their own spread
 # The baseline's runs differing by more than this (max / min - 1) say the machine's speed moved under the
 # race: other jobs, throttling. Then the speed-up is a range, not a point.
 NOISY_MACHINE = 0.20
-# So do a finalist's own race runs differing by more than NOISY_MACHINE, or any config's race median and its
-# full trial differing by more than this (max / min - 1): a race run is shorter than a trial (about a second
-# a window), so the two agree less closely than two race runs, yet a factor of 1.5 is no measurement error.
-TRIAL_GAP = 0.5
+# So do a finalist's own race runs differing by more than NOISY_MACHINE, or a config's race median and its full
+# trial by more than TRIAL_GAP (``_records``, which the speed-up's range shares).
 # A config whose trial ran more than this many times slower than the leader's trial is no finalist: two full
 # trials that far apart are no measurement error (as TRIAL_GAP says), and its race run would cost a short budget
 # a trial (on an H100, ConvNeXt-T's fp32 reference beside bf16 at 7x: 11 s of an 80 s reservation, 89 s left).
@@ -161,12 +159,6 @@ def clearly_slower(ratios: list[float]) -> bool:
     return len(ratios) >= 2 and all(r < 1.0 - CLEARLY_SLOWER for r in ratios)
 
 
-def disagreement(rates: list[float]) -> float:
-    """max / min - 1 of a config's runs (0 with fewer than two)."""
-    rates = [r for r in rates if r]
-    return max(rates) / min(rates) - 1.0 if len(rates) >= 2 and min(rates) > 0 else 0.0
-
-
 def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOptions, *, seed: int,
                   ui: _Progress, worker: str = "", clock: Optional[StudyClock] = None,
                   since: Optional[float] = None) -> bool:
@@ -176,11 +168,10 @@ def confirm_top_k(study: optuna.Study, runner: TrialRunner, options: ConfirmOpti
     ``since`` (when this run began) is recorded with the race: the full trials measured before it are an earlier
     run's, not side by side with the race's runs (``_records._speedup_evidence``).
 
-    Skipped when the planner finds no race due (``_planner.race_due``: these configs were raced already in
+    Skipped when the planner finds no race due (``race_due``: these configs were raced already in
     the run that began at ``since``), when a trial is still running (its worker races when it finishes), or
     when another worker holds the claim. Returns whether it ran.
     """
-    from autotune.study._planner import race_due  # the planner imports this module
 
     if not race_due(study, options.top_k, since=since):  # top-1 still races the pick with the baseline
         return False
@@ -366,7 +357,7 @@ class _Race:
                      "load": self.loads, "joules_per_sample": self.energy},
             "trial_throughputs": {k: self.first[k] for k in keys},  # each entrant's full trial (or reference)
             "worker": worker,
-            "at": time.time(),  # when it ended: a resume that began later races again (``_planner.race_due``)
+            "at": time.time(),  # when it ended: a resume that began later races again (``race_due``)
         }
 
 
@@ -480,3 +471,18 @@ def confirm_long(study: optuna.Study, runner: TrialRunner, options: ConfirmOptio
     if ref_m is not None and best_m is not None:
         report["accuracy_loss"] = ref_m - best_m if metric_direction == "maximize" else best_m - ref_m
     study.set_user_attr("confirmation", report)
+
+
+def race_due(study: Any, top_k: int, *, since: Optional[float] = None) -> bool:
+    """Whether the finalists of now, with the baseline, are two or more and were not raced already in this run.
+
+    A race recorded before ``since`` (this run's start) measured its runs in an earlier run of the study, under
+    whatever load that run had: a resume races the pick and the baseline again, so that the speed-up it states
+    is a ratio of runs measured side by side now (``_records.EARLIER_BASELINE`` says why where it cannot).
+    Without ``since``, finalists raced already are not raced again."""
+    if top_k < 1 or "baseline_config" not in study.user_attrs:
+        return False
+    entrants, _, signature = _entrants(study, top_k)
+    previous = study.user_attrs.get(CONFIRMATION) or {}
+    earlier = since is not None and float(previous.get("at") or 0.0) < since
+    return len(entrants) >= 2 and (previous.get("candidates") != signature or earlier)

@@ -40,12 +40,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from optuna.trial import TrialState
 
-from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, CONFIRMATION, OVER_BUDGET, SUPERSEDED,
+from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, SUPERSEDED,
                                _best_record, _budget_trials, _distinct_configs)
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES
 from autotune.study._budget import MIN_RUN_S, StudyClock
-from autotune.study._confirm import _entrants
+from autotune.study._confirm import race_due
 
 NOT_RUN = ("infeasible", CANNOT_RUN, OVER_BUDGET)  # statuses of trials answered without a run
 
@@ -381,21 +381,6 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         extension=extension, exhausted=space_size is not None and len(_distinct_configs(study)) >= space_size,
         over_budget_streak=over_budget_streak, last_over_budget=last_over_budget, ruled_out_streak=ruled_out_streak,
         stopped=stopped, race_due=not race_tried and race_due(study, top_k, since=since))
-
-
-def race_due(study: Any, top_k: int, *, since: Optional[float] = None) -> bool:
-    """Whether the finalists of now, with the baseline, are two or more and were not raced already in this run.
-
-    A race recorded before ``since`` (this run's start) measured its runs in an earlier run of the study, under
-    whatever load that run had: a resume races the pick and the baseline again, so that the speed-up it states
-    is a ratio of runs measured side by side now (``_records.EARLIER_BASELINE`` says why where it cannot).
-    Without ``since``, finalists raced already are not raced again."""
-    if top_k < 1 or "baseline_config" not in study.user_attrs:
-        return False
-    entrants, _, signature = _entrants(study, top_k)
-    previous = study.user_attrs.get(CONFIRMATION) or {}
-    earlier = since is not None and float(previous.get("at") or 0.0) < since
-    return len(entrants) >= 2 and (previous.get("candidates") != signature or earlier)
 
 
 # The timed windows of one loader variant in a loader probe (a few short windows at the loader's rate).

@@ -765,15 +765,13 @@ class TrialContext:
         ``ctx.batches`` runs on the same clock; ``autotune.integrations`` feed it from a trainer's callbacks.
         Under ``autotune train`` it is the real run's clock (``_run.RunClock``: the run's length, windows and
         hooks); in a context built by hand with neither, a clock that times nothing and leaves the trainer's
-        own length (``_run.UntimedClock``).
+        own length (``UntimedClock``).
 
         Raises:
             KnobError: the budget leaves no timed window.
         """
-        from autotune.trial._run import RunClock, UntimedClock
-
         if self.run is not None:
-            return RunClock(self.run)
+            return self.run.step_clock()
         if self.budget is None:
             return UntimedClock()
         self._length_read = True
@@ -1355,3 +1353,33 @@ def tensor_fingerprint(tensors: list[torch.Tensor]) -> list[float]:
         d = t.detach() if t.is_floating_point() else t.detach().to(torch.float64)
         values += [float(d.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(d, dtype=torch.float64)) ** 2]
     return values
+
+
+class UntimedClock:
+    """The clock of a context built by hand (no study, no ``autotune train``): it times nothing, and its
+    length is None, so a trainer keeps the length its own arguments give."""
+
+    steps: Optional[int] = None
+    epochs: Optional[int] = None
+    done = False
+
+    def epoch_length(self, micro_batches: int) -> None:
+        pass
+
+    def begin(self) -> None:
+        pass
+
+    def fetched(self) -> float:
+        return 0.0
+
+    def end(self, samples: int) -> None:
+        pass
+
+    def epoch_ends(self) -> None:
+        pass
+
+    def untimed(self, what: str) -> Any:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass

@@ -182,6 +182,10 @@ class RealRun:
             return True
         return self.total_micro is not None and self.micro >= self.total_micro
 
+    def step_clock(self) -> "RunClock":
+        """This run's clock for a loop that a trainer drives (``ctx.step_clock()`` under ``autotune train``)."""
+        return RunClock(self)
+
     @property
     def interrupted(self) -> bool:
         return self.stop_reason is not None
@@ -518,36 +522,6 @@ class RunClock:
 
     def close(self) -> None:
         self.run.end_run()
-
-
-class UntimedClock:
-    """The clock of a context built by hand (no study, no ``autotune train``): it times nothing, and its
-    length is None, so a trainer keeps the length its own arguments give."""
-
-    steps: Optional[int] = None
-    epochs: Optional[int] = None
-    done = False
-
-    def epoch_length(self, micro_batches: int) -> None:
-        pass
-
-    def begin(self) -> None:
-        pass
-
-    def fetched(self) -> float:
-        return 0.0
-
-    def end(self, samples: int) -> None:
-        pass
-
-    def epoch_ends(self) -> None:
-        pass
-
-    def untimed(self, what: str) -> Any:
-        return contextlib.nullcontext()
-
-    def close(self) -> None:
-        pass
 
 
 def _batch_length(batch: Any) -> int:
