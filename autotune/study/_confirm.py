@@ -132,14 +132,19 @@ def race_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = Non
     every finalist and the baseline once (the leader and the baseline first, so the pick's speed-up is read
     from runs side by side). The race runs further rounds while the budget has time for them. 0 when there
     is nothing to race."""
+    return sum(entrant_seconds(study, top_k, budget)[0].values())
+
+
+def entrant_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> tuple[dict[str, float], str]:
+    """Each entrant's predicted seconds for one race run, by its key, and the baseline's key; none where there
+    is nothing to race (fewer than two entrants)."""
     if top_k < 1 or "baseline_config" not in study.user_attrs:
-        return 0.0
+        return {}, BASELINE_KEY
     entrants, base_key, _ = _entrants(study, top_k)
     if len(entrants) < 2:
-        return 0.0
+        return {}, base_key
     model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
-    costs = {key: run_seconds(study, config, rate, budget, model=model) for key, config, rate in entrants}
-    return sum(costs.values())
+    return {key: run_seconds(study, config, rate, budget, model=model) for key, config, rate in entrants}, base_key
 
 
 def one_round_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: Optional[Budget] = None, *,

@@ -44,7 +44,7 @@ from autotune.search._sampler import GuidedSampler
 from autotune.search._simulate import (CONFIG_FIELDS, NoisyLookup, ReplayProbes, ReplayTable, TableRow, _ask, _key,
                                       make_sampler)
 from autotune.study._budget import MIN_RUN_S, StudyClock
-from autotune.study._confirm import BASELINE_RUNS, _entrants, _Race, race_seconds, run_seconds, speed_budget
+from autotune.study._confirm import BASELINE_RUNS, _entrants, _Race, entrant_seconds, race_seconds, speed_budget
 from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, RACE, REFERENCE, SHORT_EVIDENCE, STOP,
                                      Decision, admit, extension_seconds, next_action, view_of)
 from autotune.study._loop import decisive_seconds
@@ -191,15 +191,9 @@ class _Runner:
 def _race_before(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> float:
     """The race's reservation under the rules before (for ``rules="before"``): every finalist once, the leader
     once more and the baseline ``BASELINE_RUNS`` times, where ``race_seconds`` now keeps one round."""
-    if top_k < 1 or "baseline_config" not in study.user_attrs:
-        return 0.0
-    entrants, base_key, _ = _entrants(study, top_k)
-    if len(entrants) < 2:
-        return 0.0
-    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
-    costs = {key: run_seconds(study, config, rate, budget, model=model) for key, config, rate in entrants}
-    finalists = [costs[key] for key, _, _ in entrants if key != base_key]
-    return sum(finalists) + max(finalists, default=0.0) + BASELINE_RUNS * costs[base_key]
+    costs, base_key = entrant_seconds(study, top_k, budget)
+    finalists = [seconds for key, seconds in costs.items() if key != base_key]
+    return sum(finalists) + max(finalists, default=0.0) + BASELINE_RUNS * costs.get(base_key, 0.0)
 
 
 def _measurement(rate: float, samples: int) -> Measurement:
