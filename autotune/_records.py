@@ -148,7 +148,7 @@ COLOCATION = "colocation_warning"  # the study attribute of the shared-device wa
 SUPERSEDED = "superseded_trials"
 # Study attribute: why this run's speed-up divides by baseline runs of an earlier run of the study ("" or absent
 # when it does not): a speed-up is a ratio of runs measured side by side, so a resume races the pick and the
-# baseline again (``study/_planner.race_due``), and where it could not, the summary says so in one line.
+# baseline again (``study/_confirm.race_due``), and where it could not, the summary says so in one line.
 EARLIER_BASELINE = "earlier_baseline"
 
 

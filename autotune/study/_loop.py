@@ -103,7 +103,7 @@ class TrialLoop:
         confirm: How the race runs when the planner says so (``RACE``); None: this loop runs no race.
         probes: Probe the loader and the step apart when a trial waits on its input (``_probes``).
         since: ``time.time()`` when this run of the study began: a race recorded before it is an earlier
-            run's, and the planner races the finalists again (``_planner.race_due``). None: races recorded
+            run's, and the planner races the finalists again (``_confirm.race_due``). None: races recorded
             by any run count as this one's (a joining worker).
     """
 

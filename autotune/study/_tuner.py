@@ -613,7 +613,7 @@ class Tuner:
 
     def _run(self, cleanup: contextlib.ExitStack) -> Result:
         started = time.monotonic()
-        # This run's start: a race recorded before it is an earlier run's, raced again (``_planner.race_due``). A
+        # This run's start: a race recorded before it is an earlier run's, raced again (``_confirm.race_due``). A
         # joining worker shares a run with the others, whose trials and race it cannot tell apart: it keeps none.
         since = (self.options.study.began or time.time()) if self.options.study.mode != "join" else None
         opts = self.options
@@ -781,7 +781,7 @@ class Tuner:
         """Why the speed-up of a run that raced nothing divides by baseline runs of an earlier run of the study
         ("" where it does not): the race recorded before this run began, or, with no race of the pick, the fp32
         references of an earlier run against a pick measured in this one. A speed-up is a ratio of runs measured
-        side by side; the planner races them again on a resume (``_planner.race_due``), and this says why not."""
+        side by side; the planner races them again on a resume (``_confirm.race_due``), and this says why not."""
         from autotune._records import CONFIRMATION, _best_record
 
         best = _best_record(study)
