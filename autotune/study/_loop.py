@@ -264,7 +264,8 @@ class TrialLoop:
         if self.probes.device_trial(best.config, best.throughput, ui, incumbent_wait=wait) is not None:
             return  # not probed yet: where that trial does not win, its DataLoader variants are probed next
         self._probed.add(best.number)
-        self.probes.run(best.config, best.throughput, ui, keep=self.view().reserve, incumbent_wait=wait)
+        keep = self._view.reserve if self._view is not None else 0.0  # what the decision to probe read
+        self.probes.run(best.config, best.throughput, ui, keep=keep, incumbent_wait=wait)
 
     def _note_first_faster(self) -> None:
         """Record when this study first measured a feasible config faster than the baseline (``FIRST_FASTER``)."""
