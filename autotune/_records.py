@@ -142,6 +142,9 @@ def disagreement(rates: list[float]) -> float:
 # Study attribute: the baseline's own speed run is still to come (``study/_references``): under a budget it runs
 # after the first full trial, and until then the references' rate stands in for the baseline's.
 BASELINE_SPEED_PENDING = "baseline_speed_pending"
+# Study attribute: the fp32 reference seeds its references hold so far. Under a budget the seeds after the
+# first may run after the first full trial (``_planner.seeds_first``); a record without it holds them all.
+REFERENCE_SEEDS = "reference_seeds"
 COLOCATION = "colocation_warning"  # the study attribute of the shared-device warning (study/_workers)
 # Study attribute: trials whose verdict a later run of the same config on longer evidence replaced
 # (``study/_planner.EXTEND``): that run's trial stands for the config, and these no longer count.

@@ -10,6 +10,7 @@ budget allows, the fastest candidate gets longer evidence before anything else i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -22,8 +23,8 @@ from autotune._config import Budget
 from autotune._records import CONFIRMATION, SUPERSEDED
 from autotune.search._simulate import ReplayTable
 from autotune.study._budget import StudyClock
-from autotune.study._planner import (EXTEND, EXTENDED, SHORT_EVIDENCE, STOP, TRIAL, Extension, StudyView, next_action,
-                                     reference_seconds)
+from autotune.study._planner import (EXTEND, EXTENDED, REFERENCE, SHORT_EVIDENCE, STOP, TRIAL, Extension, StudyView,
+                                     admit, next_action, reference_seconds, seeds_first)
 from autotune.study._replay import _Replay, replay_studies, replay_study
 from autotune.study._verdict import fingerprints, judge
 
@@ -64,7 +65,9 @@ def test_simulate_budget_replays_whole_studies_with_the_pick_share_and_the_first
     assert document["budget_minutes"] == 4 and len(document["runs"]) == 2
     for run in document["runs"]:
         assert 0 < run["pick_share"] <= 1 and run["first_faster_start_s"] is not None
-        assert [p["action"] for p in run["plan"]][:3] == ["reference", "reference", "trial"]
+        # The first seed, then the prior point, with the second seed after it and before its verdict.
+        assert [p["action"] for p in run["plan"]][:2] == ["reference", "trial"]
+        assert "before its verdict" in run["plan"][1]["reason"]
     assert main(["simulate", str(VIT_S16.with_name("missing.jsonl")), "--budget", "4"]) == 1  # one line, exit 1
     assert capsys.readouterr().err.strip().count("\n") == 0
 
@@ -129,6 +132,80 @@ def test_a_reference_share_counts_the_scripts_import_in_a_real_study(tmp_path, c
     share = reference_seconds(60.0, 2)
     assert attrs["references_shortened"]["seconds"] == share
     assert attrs["reference_wall_seconds"] < share + 3.0, attrs["reference_wall_seconds"]
+
+
+def test_under_a_budget_the_seeds_after_the_first_wait_for_the_first_full_trial() -> None:
+    """The seeds after the first bound a verdict, not a run: under a budget the prior point runs after the
+    first seed, followed by the rest before its verdict; the trial that they follow is admitted only where
+    they fit too; without a budget, or with only the loader to tune, every seed runs first."""
+    assert seeds_first(budgeted=True, repeats=2, step_levers=True) == 1
+    assert seeds_first(budgeted=False, repeats=2, step_levers=True) == 2
+    assert seeds_first(budgeted=True, repeats=2, step_levers=False) == 2
+    assert seeds_first(budgeted=True, repeats=1, step_levers=True) == 1
+    view = StudyView(references_done=1, reference_repeats=2, seeds_first=1, full_trials=0, usable_seconds=200.0,
+                     best={"number": 0, "data_wait_fraction": 0.0}, budget_seconds=240.0, seeds_seconds=30.0)
+    decision = next_action(view)
+    assert decision.action == TRIAL and decision.references_after and "before its verdict" in decision.reason
+    assert admit(view, 165.0) == "" and "the fp32 reference seeds after it 30 s" in admit(view, 175.0)
+    # A full trial ran without them (a study stopped in between, resumed): they run before anything else.
+    assert next_action(dataclasses.replace(view, full_trials=1)).action == REFERENCE
+    # Nothing left to run: no seed is run for a verdict nobody asks for.
+    assert next_action(dataclasses.replace(view, finished=30, n_trials=30)).action == STOP
+    # Without a budget the seeds come first, as before.
+    assert next_action(dataclasses.replace(view, seeds_first=None)).action == REFERENCE
+
+
+def test_the_slow_building_vit_starts_its_prior_point_after_one_seed_in_the_replay() -> None:
+    """Two 24 s builds filled the references' whole share before the prior point could start (30% of the
+    budget); with the second seed after it, the prior point starts after one seed's process, and the
+    references still take their share."""
+    table = ReplayTable.load(VIT_S16)
+    now = replay_study(table, budget_minutes=4, noise=0.0)
+    assert _actions(now)[:2] == ["reference", "trial"]
+    assert now.first_faster_start_s is not None and now.first_faster_start_s <= 0.2 * 240
+    assert now.split["reference"] <= 2 * reference_seconds(240.0, 2) + 2 * 5.0  # MIN_RUN_S a seed at most over
+
+
+def test_the_second_seed_runs_after_the_first_full_trial_and_before_its_verdict_in_a_real_study(
+        tmp_path, cpu_caps) -> None:
+    """A real budgeted study: the first full trial starts after one fp32 seed; the second seed's process runs
+    inside that trial's ask-to-tell, after its run and before its verdict, which is judged against both seeds;
+    the references kept for a later study hold both; a study stopped before its second seed runs it first
+    when resumed."""
+    (tmp_path / "space.yaml").write_text("knobs:\n  batch_size: [32]\n  optimizer_impl: [default, fused]\n"
+                                         "  num_workers: [0, 1]\nbaseline: {batch_size: 32}\nglobal_batch: 32\n"
+                                         "budget: {samples: 512, warmup_steps: 2, windows: 3}\n")
+    storage = f"sqlite:///{tmp_path}/s.db"
+
+    def tune(name: str, **options) -> optuna.Study:
+        settings = dict(space=tmp_path / "space.yaml", n_trials=2, storage=storage, studies_dir=tmp_path / "studies",
+                        progress=False, plots=False, capabilities=cpu_caps, trial_timeout=120, top_k=0,
+                        prune_below=None, study_name=name)
+        Tuner(f"{WORKLOADS}:train", **{**settings, **options}).run()
+        return optuna.load_study(study_name=name, storage=storage)
+
+    study = tune("a", budget_minutes=1.0)
+    attrs = study.user_attrs
+    assert attrs["reference_seeds"] == 2 and len(attrs["reference_band"]["finals"]) == 2
+    assert len(attrs["reference_metrics"]) == len(attrs["reference_curves"]) == 2
+    assert attrs["plan"][0]["action"] == TRIAL and "before its verdict" in attrs["plan"][0]["reason"]
+    first = next(t for t in study.trials if t.user_attrs.get("role") != "reference")
+    assert first.user_attrs["status"] == "ok" and first.user_attrs["reference_seconds"] > 0
+    assert first.user_attrs["accuracy_verdict"] == "equivalent"
+    logs = tmp_path / "studies" / "a" / "logs"
+    seed_two = (logs / "reference-1" / "trial.log").stat().st_mtime
+    assert (logs / f"trial-{first.number}" / "trial.log").stat().st_mtime <= seed_two
+    assert first.datetime_complete.timestamp() >= seed_two  # its verdict came after the second seed
+    # A later study of the same target reuses both seeds: none runs again.
+    again = tune("b", budget_minutes=1.0, n_trials=1)
+    assert again.user_attrs["references_reused"]["study"] == "a" and again.user_attrs["reference_seeds"] == 2
+    assert not (tmp_path / "studies" / "b" / "logs" / "reference-1").exists()
+    # A study stopped between its first full trial and its second seed: the resume runs the seed first.
+    study.set_user_attr("reference_seeds", 1)
+    decided = len(study.user_attrs["plan"])
+    resumed = tune("a", n_trials=3)
+    assert resumed.user_attrs["reference_seeds"] == 2
+    assert resumed.user_attrs["plan"][decided]["action"] == REFERENCE
 
 
 # -- rule 3: the race measures the baseline beside the pick ------------------------------------------

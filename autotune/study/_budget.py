@@ -128,11 +128,12 @@ def time_split(seconds: Mapping[str, float], wall: float, trial_attrs: Iterable[
     attrs = list(trial_attrs)
     runs = [trial_parts(a) for a in attrs]
     trial_wall = sum(float(a.get("wall_seconds") or 0.0) for a in attrs)
-    # Under the scale policy a trial's fp32 references at its global batch run inside its ask-to-tell.
+    # A trial's fp32 references run inside its ask-to-tell: at its global batch (the scale policy), and the
+    # seeds the planner left for after the first full trial.
     batch_references = sum(float(a.get("reference_seconds") or 0.0) for a in attrs)
-    # The baseline's own speed run, when it came after the first trial, and longer evidence for a candidate
-    # (its references and its run): references, run inside the trials' part.
-    later = seconds.get("baseline_speed", 0.0) + seconds.get("extend", 0.0)
+    # The baseline's own speed run, when it came after the first trial, longer evidence for a candidate (its
+    # references and its run) and the seeds a resumed study lacked: references, run inside the trials' part.
+    later = seconds.get("baseline_speed", 0.0) + seconds.get("extend", 0.0) + seconds.get("references_later", 0.0)
     parts = {
         "references": seconds.get("references", 0.0) + batch_references + later,
         "compile": sum(r["compile"] for r in runs),

@@ -26,8 +26,9 @@ from autotune.search._cost import CostModel, samples_from_trials
 from autotune.study._budget import StudyClock
 from autotune.study._confirm import OUT_OF_REACH, confirm_top_k, one_round_seconds, race_seconds
 from autotune.study._options import ConfirmOptions
-from autotune.study._planner import (BASELINE_SPEED, EXTEND, FIRST_FASTER, PLAN, PROBE, RACE, SHORT_EVIDENCE, STOP,
-                                     Decision, StudyView, admit, first_faster, next_action, view_of)
+from autotune.study._planner import (BASELINE_SPEED, EXTEND, FIRST_FASTER, PLAN, PROBE, RACE, REFERENCE,
+                                     SHORT_EVIDENCE, STOP, Decision, StudyView, admit, first_faster, next_action,
+                                     seeds_first, step_levers, view_of)
 from autotune.study._probes import (PREDICTED, PREDICTED_CONFIG, LoaderProbes, drop_queued_predictions,
                                     prediction_error)
 from autotune.study._progress import _Progress
@@ -143,6 +144,7 @@ class TrialLoop:
         self._race_tried = False  # this run raced the finalists, or tried to (RACE)
         self.since = since  # this run's start: a race recorded before it is an earlier run's (race_due)
         self.raced = False  # and the race ran
+        self._references_after = False  # the trial now running is followed by the seeds its verdict needs
 
     def run(self, ui: _Progress) -> None:
         """Run what the planner says next (``_planner.next_action``) until it says stop, or the timeout or
@@ -174,6 +176,10 @@ class TrialLoop:
                 with self.clock.part("extend"):  # the split counts it among the references
                     self.references.extend(self.study, decision.trial, self._view.extension, ui)  # type: ignore[union-attr]
                 continue
+            if decision.action == REFERENCE:  # seeds a study lacks, after its first full trial
+                with self.clock.part("references_later"):  # the split counts it among the references
+                    self.references.complete(self.study, ui)
+                continue
             if decision.action == BASELINE_SPEED:
                 with self.clock.part("baseline_speed"):  # the split counts it among the references
                     self.references.speed_run(self.study, ui)
@@ -189,6 +195,7 @@ class TrialLoop:
                 ui.status("waiting for the trials other workers are running")
                 time.sleep(2.0)
                 continue
+            self._references_after = decision.references_after
             ended = self._run_one(ui)
             if ended == "ok":
                 self._note_first_faster()
@@ -225,7 +232,10 @@ class TrialLoop:
                            self.probes is not None and self.probes.probed(best.config)),
                        device_next=lambda best: self.probes is not None
                        and self.probes.device_variant(best.config) is not None,
-                       references_done=repeats, reference_repeats=repeats,  # the loop starts after them
+                       references_done=repeats - self.references.missing_seeds(self.study),
+                       reference_repeats=repeats, seeds_before=seeds_first(
+                           budgeted=self.clock.budgeted, repeats=repeats,
+                           step_levers=step_levers({k: v.values for k, v in self.space.knobs.items()})),
                        decisive=lambda trial: sum(self._decisive(trial) or ()) or None)
 
     def _stopped(self) -> str:
@@ -375,11 +385,14 @@ class TrialLoop:
                 study.tell(trial, state=TrialState.FAIL)
                 self.budget_note = f"trial {trial.number} was stopped at the study's deadline"
                 return "budget"
-            if outcome.ok:
-                # Runs inside this trial's ask-to-tell; recorded so that it is not read as overhead.
-                reference_seconds = self.references.at_batch(study, config, ui)
-                if reference_seconds:
-                    trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
+            # References run inside this trial's ask-to-tell, recorded so that they are not read as overhead:
+            # fp32 at its global batch (the scale policy), and the seeds its verdict needs that the planner
+            # left for after it (``Decision.references_after``).
+            reference_seconds = self.references.at_batch(study, config, ui) if outcome.ok else 0.0
+            if self._references_after and outcome.status != "infra":
+                reference_seconds += self.references.complete(study, ui)
+            if reference_seconds:
+                trial.set_user_attr("reference_seconds", round(reference_seconds, 3))
         self._tell(trial, config, outcome)
         return None
 

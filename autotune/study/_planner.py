@@ -6,7 +6,9 @@ likely to change the pick runs first, and gives each fixed cost a share of the b
 1. **References, within their share.** Under a budget the fp32 reference seeds together get
    ``REFERENCE_SHARE`` of it. A seed that would run longer trains fewer samples (``Budget.seconds``: its
    timed windows end inside the share), and every later run trains that many, so the verdict stays paired;
-   the schedule a script reads (``ctx.optimizer_steps``) keeps the space's length.
+   the schedule a script reads (``ctx.optimizer_steps``) keeps the space's length. Under a budget the seeds
+   after the first run right after the first full trial, before its verdict (``seeds_first``): they bound a
+   verdict, not a run, and each costs a process and the script's build.
 2. **The most likely big win next.** Until a full trial other than the reference has run, nothing is
    probed where the space moves the step's knobs too: the reference's step is fp32 and untuned, so a faster
    loader cannot show against it, and the sampler's first proposal (the prior point) is the likeliest answer.
@@ -34,6 +36,7 @@ the study attribute ``PLAN``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -67,7 +70,7 @@ __all__ = ["BASELINE_SPEED", "EXTEND", "FIRST_FASTER", "OVER_BUDGET_LIMIT", "PLA
            "SHORT_EVIDENCE", "STOP", "TRIAL", "Decision", "Extension", "StudyView", "admit", "extension_candidate",
            "extension_seconds", "faster_candidate", "first_faster", "full_length_budget", "next_action", "over_budget_reason",
            "probe_round_seconds", "probes_why", "race_due",
-           "reference_seconds", "step_levers", "view_of"]
+           "reference_seconds", "seeds_first", "step_levers", "view_of"]
 # Trial attribute: the verdict is ``unchecked`` because the evidence the budget shortened could not tell (the
 # pairing with fp32 decayed and the seeds' band sees no harm): its value is the fraction of the space's length
 # the evidence had. ``EXTENDED``: the fraction the trial's longer evidence trained (``EXTEND``).
@@ -85,6 +88,8 @@ class Decision:
         seconds: A reference's time share, when the budget sets one; what an ``extend`` costs.
         trial: The trial an ``extend`` decision lengthens the evidence of.
         by_budget: A ``stop`` because the study's budget has no time for what would come next.
+        references_after: A ``trial`` whose process is followed, before its verdict, by the fp32 reference
+            seeds the study still lacks (``seeds_first``): they bound the verdict, not the run.
     """
 
     action: str
@@ -92,6 +97,7 @@ class Decision:
     seconds: Optional[float] = None
     trial: Optional[int] = None
     by_budget: bool = False
+    references_after: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action, "reason": self.reason}
@@ -124,6 +130,9 @@ class StudyView:
     Args:
         references_done: fp32 reference seeds run (or reused) so far, of ``reference_repeats``.
         reference_repeats: Seeds the accuracy check asks for.
+        seeds_first: Of those, the seeds that run before the first full trial (``seeds_first``); None: all.
+        seeds_seconds: What the seeds still to run cost (each a process of the first seed's): a trial they
+            follow is admitted only where they fit too.
         full_trials: Finished full trials other than the reference run (any status).
         best: The attributes of the fastest feasible full trial so far (the reference run counts), or None.
         best_is_reference: Whether ``best`` is the reference run.
@@ -164,6 +173,8 @@ class StudyView:
 
     references_done: int = 0
     reference_repeats: int = 2
+    seeds_first: Optional[int] = None
+    seeds_seconds: float = 0.0
     full_trials: int = 0
     best: Optional[Mapping[str, Any]] = None
     best_is_reference: bool = True
@@ -203,6 +214,18 @@ def reference_seconds(budget_seconds: Optional[float], repeats: int) -> Optional
     if budget_seconds is None:
         return None
     return max(MIN_RUN_S, REFERENCE_SHARE * budget_seconds / max(1, repeats))
+
+
+def seeds_first(*, budgeted: bool, repeats: int, step_levers: bool) -> int:
+    """The fp32 reference seeds that run before the first full trial.
+
+    Under a budget, where the space moves the step's knobs, only the first: the seeds after it bound a
+    verdict, not a run, so they run right after the first full trial and before its verdict
+    (``Decision.references_after``), and the likeliest answer starts a seed's process earlier (a script
+    whose Dataset or model takes seconds to build pays that in every process). Without a budget, or with
+    only the loader's knobs to tune (the reference itself is then probed first), all of them first.
+    """
+    return 1 if budgeted and step_levers and repeats > 1 else repeats
 
 
 def full_length_budget(budget_seconds: float, repeats: int, missing_seconds: float) -> float:
@@ -249,6 +272,17 @@ def next_action(view: StudyView) -> Decision:
 
 
 def _next(view: StudyView) -> Decision:
+    first = view.reference_repeats if view.seeds_first is None else view.seeds_first
+    if first <= view.references_done < view.reference_repeats and view.full_trials == 0:
+        # The seeds left bound a verdict, and no full trial awaits one: what comes after them comes now.
+        after = _next(dataclasses.replace(view, references_done=view.reference_repeats))
+        if after.action == TRIAL:
+            return dataclasses.replace(
+                after, references_after=True,
+                reason=f"{after.reason}; the fp32 reference's seeds after the first run right after it, before "
+                       "its verdict (they bound the verdict, not the run)")
+        if after.action == STOP:
+            return after
     if view.references_done < view.reference_repeats:
         seed = view.references_done + 1
         share = reference_seconds(view.budget_seconds, view.reference_repeats)
@@ -323,7 +357,7 @@ def _next(view: StudyView) -> Decision:
 def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, clock: StudyClock, race: float = 0.0,
             probes: bool = True, probed: Callable[[Any], bool] = lambda record: False,
             device_next: Callable[[Any], bool] = lambda record: False,
-            references_done: int = 2, reference_repeats: int = 2,
+            references_done: int = 2, reference_repeats: int = 2, seeds_before: Optional[int] = None,
             decisive: Callable[[Any], Optional[float]] = lambda trial: None,
             extend_cost: Optional[Callable[[Mapping[str, Any], float], float]] = None,
             budgeted: bool = False, space_size: Optional[int] = None, over_budget_streak: int = 0,
@@ -338,6 +372,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         probed: Whether the probes of a ``TrialRecord`` (the incumbent) ran already.
         device_next: Whether the incumbent's device-resident-loader variant is offered and untried.
         decisive: A queued trial's ``StudyView.decisive_seconds`` (None where it is no decisive pick).
+        references_done, reference_repeats, seeds_before: The fp32 reference seeds run so far, asked for, and
+            to run before the first full trial (``StudyView``).
         extend_cost: What longer evidence for a trial (its attributes) at a share of the space's length costs:
             its run and the fp32 references' at that length. None: no extension is planned (no budget).
         budgeted: The study has a budget: a probe round is priced (``probe_round_seconds``).
@@ -369,7 +405,10 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
     extension = extension_candidate(complete, base_rate, usable_seconds=clock.usable() - reserve,
                                     cost=extend_cost) if extend_cost is not None else None
     return StudyView(
-        references_done=references_done, reference_repeats=reference_repeats, full_trials=len(full), best=attrs,
+        references_done=references_done, reference_repeats=reference_repeats, seeds_first=seeds_before,
+        seeds_seconds=max(0, reference_repeats - references_done)
+        * float(study.user_attrs.get("reference_wall_seconds") or 0.0),
+        full_trials=len(full), best=attrs,
         best_is_reference=attrs is not None and attrs.get("role") == "reference", step_levers=step_levers(knobs),
         probes=probes, probed=best is not None and probed(best), device_next=best is not None and device_next(best),
         waiting=len(waiting), retries=retries,
@@ -456,16 +495,20 @@ def admit(view: StudyView, predicted_seconds: float, *, decisive_round: Optional
     (``StudyView.reserve``; for the probes' decisive pick, one round of its own race against the baseline)
     must fit the seconds left."""
     reserve = view.reserve if decisive_round is None else min(view.reserve, decisive_round)
-    return over_budget_reason(predicted_seconds, usable_seconds=view.usable_seconds, race_seconds=reserve)
+    return over_budget_reason(predicted_seconds, usable_seconds=view.usable_seconds, race_seconds=reserve,
+                              seeds_seconds=view.seeds_seconds)
 
 
-def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float) -> str:
-    """Why a proposed full trial is not run (its predicted seconds and the race do not fit), or ""."""
-    if predicted_seconds + race_seconds <= usable_seconds:
+def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_seconds: float,
+                       seeds_seconds: float = 0.0) -> str:
+    """Why a proposed full trial is not run (its predicted seconds, the reference seeds that follow it and the
+    race do not fit), or ""."""
+    if predicted_seconds + seeds_seconds + race_seconds <= usable_seconds:
         return ""
+    seeds = f", the fp32 reference seeds after it {seeds_seconds:.0f} s" if seeds_seconds > 0 else ""
     race = f" and the race of the finalists {race_seconds:.0f} s" if race_seconds > 0 else ""
     return (f"not run: the study's budget had {max(0.0, usable_seconds):.0f} s left, this trial needs about "
-            f"{predicted_seconds:.0f} s{race}")
+            f"{predicted_seconds:.0f} s{seeds}{race}")
 
 
 def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float,

@@ -25,6 +25,7 @@ from autotune._records import (
     BATCH_REFERENCE_FAILED,
     BATCH_REFERENCE_NOISE,
     REFERENCE_BAND,
+    REFERENCE_SEEDS,
 )
 from autotune.study._options import AccuracyOptions
 from autotune.study._budget import StudyClock
@@ -95,7 +96,8 @@ class References:
             return config
         return config.replace(**{k: v for k, v in self.loader.items() if k in TORCH_LOADER_KNOBS})
 
-    def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False, defer_speed: bool = False) -> dict[str, Any]:
+    def baseline(self, ui: _Progress, *, adopt_script_batch: bool = False, defer_speed: bool = False,
+                 seeds: Optional[int] = None) -> dict[str, Any]:
         """Train the baseline in fp32 once per seed: baseline throughput, the reference band and metric.
 
         Under a budget the first seed trains within its share (``_planner.reference_seconds``): when it
@@ -107,6 +109,8 @@ class References:
                 it can: ``TrialContext``), and the later seeds at it too.
             defer_speed: Leave the baseline's own speed run for later (``speed_run``): the references' rate
                 stands in for the baseline's until it runs, and ``BASELINE_SPEED_PENDING`` says so.
+            seeds: The seeds to run now (``_planner.seeds_first``; None: all): ``complete`` runs the others
+                later, and ``REFERENCE_SEEDS`` says how many the record holds.
 
         Raises:
             WorkloadError: a reference run failed, so no trial could be judged.
@@ -114,22 +118,8 @@ class References:
         started = time.perf_counter()
         share = reference_seconds(self.clock.budget_seconds, self.options.reference_repeats)
         config, runs = self._runs(self._reference_of(self._baseline), "reference", "", ui, first_seconds=share,
-                                  adopt_script_batch=adopt_script_batch)
-        measurements = []
-        for workdir, outcome in runs:
-            if outcome.status == "timeout" and self.clock.budgeted and outcome.wall_seconds < self.runner.timeout - 1:
-                raise StudyError(
-                    f"the study's budget of {self.clock.budget_seconds / 60:g} minutes is too short: the fp32 "
-                    f"reference run did not finish in the {outcome.wall_seconds:.0f} s left to it; give a larger "
-                    f"--budget (budget_minutes=), or a space whose budget.samples is smaller than its "
-                    f"{self.runner.budget.samples:,} (the samples every run trains, the references' included)"
-                )
-            if not outcome.ok or outcome.measurement is None:
-                raise WorkloadError(
-                    f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
-                    f"see {self.runner.logdir / workdir / 'trial.log'}"
-                )
-            measurements.append(outcome.measurement)
+                                  adopt_script_batch=adopt_script_batch, seeds=seeds)
+        measurements = [self._checked(workdir, outcome) for workdir, outcome in runs]
         metrics = [m.metric for m in measurements]
         band = ReferenceBand.of_measurements(measurements)  # the first seed's full trajectory, for pairing
         return {
@@ -145,7 +135,82 @@ class References:
             "reference_wall_seconds": round(runs[0][1].wall_seconds, 3),  # the first run's process, for the cost model
             TRIAL_BUDGET: trial_budget_record(self.runner.budget),
             "references_shortened": self._shortened(measurements[0].extras.get("shortened")),
+            REFERENCE_SEEDS: len(measurements),
+            "reference_ran": config.to_dict(),
         }
+
+    def _checked(self, workdir: str, outcome: TrialOutcome) -> Measurement:
+        """A reference seed's measurement.
+
+        Raises:
+            StudyError: the budget stopped it before it finished.
+            WorkloadError: it failed, so no trial could be judged.
+        """
+        if outcome.status == "timeout" and self.clock.budgeted and outcome.wall_seconds < self.runner.timeout - 1:
+            raise StudyError(
+                f"the study's budget of {self.clock.budget_seconds / 60:g} minutes is too short: the fp32 "
+                f"reference run did not finish in the {outcome.wall_seconds:.0f} s left to it; give a larger "
+                f"--budget (budget_minutes=), or a space whose budget.samples is smaller than its "
+                f"{self.runner.budget.samples:,} (the samples every run trains, the references' included)"
+            )
+        if not outcome.ok or outcome.measurement is None:
+            raise WorkloadError(
+                f"the fp32 reference run failed ({outcome.status}: {outcome.error or 'no detail'}); "
+                f"see {self.runner.logdir / workdir / 'trial.log'}"
+            )
+        return outcome.measurement
+
+    def missing_seeds(self, study: optuna.Study) -> int:
+        """The fp32 reference seeds the study's references lack (run after the first full trial: ``complete``)."""
+        held = study.user_attrs.get(REFERENCE_SEEDS)
+        repeats = self.options.reference_repeats
+        return max(0, repeats - held) if isinstance(held, int) and not isinstance(held, bool) else 0
+
+    def complete(self, study: optuna.Study, ui: _Progress) -> float:
+        """Run the fp32 reference seeds the study's references lack (``_planner.seeds_first`` left them for
+        after the first full trial), at the config and the length the first seed ran, and record the band of
+        all of them, so every verdict from here on is judged against it. Returns the seconds it took (0 where
+        none lacked).
+
+        Raises:
+            StudyError: the budget stopped a seed before it finished.
+            WorkloadError: a seed failed.
+        """
+        if not self.missing_seeds(study):
+            return 0.0
+        started = time.perf_counter()
+        attrs = study.user_attrs
+        config = TrialConfig.from_dict(attrs.get("reference_ran") or attrs.get("reference_config")
+                                       or attrs["baseline_config"])
+        first = Measurement.from_dict(attrs["reference_measurement"])
+        repeats = self.options.reference_repeats
+        measurements = [first]
+        for repeat in range(1, repeats):  # only the first seed's measurement is kept whole: the rest run here
+            seed = self.seed + repeat
+            ui.status(f"reference {repeat + 1}/{repeats}: {_described(config, False)} (seed {seed}), after the "
+                      "first full trial and before its verdict")
+            workdir = f"reference-{repeat}"
+            outcome = self.runner.run(config, workdir, seed=seed, timeout=self.clock.cap(self.runner.timeout))
+            measurements.append(self._checked(workdir, outcome))
+        if not self.missing_seeds(study):
+            return time.perf_counter() - started  # another worker recorded them meanwhile: its record stands
+        band = ReferenceBand.of_measurements(measurements)
+        seconds = time.perf_counter() - started
+        updates = {
+            "reference_metrics": [m.metric for m in measurements],
+            "reference_throughputs": [m.throughput for m in measurements],
+            "metric_noise": band.metric_band,
+            REFERENCE_BAND: band.to_dict(),
+            "reference_curves": [_curve(m) for m in measurements],
+            "reference_seconds": round(float(attrs.get("reference_seconds") or 0.0) + seconds, 3),
+        }
+        for key, value in updates.items():
+            study.set_user_attr(key, value)
+        study.set_user_attr("accuracy_check", {"blind": self.is_blind(study), "reasons": self.blind_reasons(study)})
+        study.set_user_attr(REFERENCE_SEEDS, len(measurements))  # last: the band is whole once it says so
+        ui.say(f"  fp32 reference seeds 2-{repeats} ran after the first full trial, before its verdict "
+               f"({seconds:.0f} s)")
+        return seconds
 
     def _baseline_of(self, config: TrialConfig, reference_rate: float, ui: _Progress, *,
                      defer_speed: bool) -> dict[str, Any]:
@@ -238,17 +303,18 @@ class References:
                           "seconds": round(seconds, 3), "wall_seconds": round(outcome.wall_seconds, 3)}
 
     def _runs(self, config: TrialConfig, workdir: str, where: str, ui: _Progress, *,
-              first_seconds: Optional[float] = None,
-              adopt_script_batch: bool = False) -> tuple[TrialConfig, list[tuple[str, TrialOutcome]]]:
+              first_seconds: Optional[float] = None, adopt_script_batch: bool = False,
+              seeds: Optional[int] = None) -> tuple[TrialConfig, list[tuple[str, TrialOutcome]]]:
         """Run an fp32 reference once per seed. When the first seed runs out of memory, its global batch is
         split into micro-batches (half, then a quarter, ...) until one fits; every seed then uses that.
         Stops at the first failed seed. Returns the config that ran and each seed's workdir and outcome.
 
-        ``first_seconds``: the first seed's time share; ``adopt_script_batch``: see ``baseline``."""
+        ``first_seconds``: the first seed's time share; ``adopt_script_batch``, ``seeds``: see ``baseline``."""
         repeats = self.options.reference_repeats
+        count = repeats if seeds is None else max(1, min(seeds, repeats))
         done: list[tuple[str, TrialOutcome]] = []
         split = False  # whether an out-of-memory split the global batch into smaller micro-batches
-        for repeat in range(repeats):
+        for repeat in range(count):
             seed = self.seed + repeat
             while True:
                 what = _described(config, adopt_script_batch and not done)

@@ -46,7 +46,8 @@ from autotune.search._simulate import (CONFIG_FIELDS, NoisyLookup, ReplayProbes,
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import BASELINE_RUNS, _entrants, _Race, entrant_seconds, race_seconds, speed_budget
 from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, RACE, REFERENCE, SHORT_EVIDENCE, STOP,
-                                     Decision, admit, extension_seconds, next_action, view_of)
+                                     Decision, admit, extension_seconds, next_action, seeds_first, step_levers,
+                                     view_of)
 from autotune.study._loop import decisive_seconds
 from autotune.study._probes import PREDICTED, PREDICTED_CONFIG
 from autotune.study._progress import _Progress
@@ -258,7 +259,9 @@ class _Replay:
                        race=race,
                        probes=self.prober is not None, probed=lambda best: best.number in self.probed,
                        device_next=self.device_next, references_done=self.references,
-                       reference_repeats=self.repeats, extend_cost=self.extension_seconds, budgeted=True,
+                       reference_repeats=self.repeats, seeds_before=None if self.legacy else seeds_first(
+                           budgeted=True, repeats=self.repeats, step_levers=step_levers(self.table.values)),
+                       extend_cost=self.extension_seconds, budgeted=True,
                        decisive=lambda trial: sum(decisive_seconds(self.study, trial.user_attrs, self.budget) or ())
                        or None, space_size=self.table.size, over_budget_streak=self.over_budget,
                        last_over_budget=self.over_budget_note, ruled_out_streak=self.ruled_out, top_k=self.top_k,
@@ -295,6 +298,11 @@ class _Replay:
                     ended = self.trial()
                     self.over_budget = self.over_budget + 1 if ended == "over_budget" else 0
                     self.ruled_out = self.ruled_out + 1 if ended == "infeasible" else 0
+            if decision.references_after and ended not in ("infeasible", "duplicate", "over_budget"):
+                # The seeds its verdict needs, as the live loop runs them before the verdict: the table's
+                # verdict does not depend on them, and no decision comes in between.
+                with self.clock.part(REFERENCE):
+                    self.reference(decision)
 
     def device_next(self, best: Any) -> bool:
         """As ``LoaderProbes.device_variant``: the table offers the incumbent the device-resident loader, untried."""
@@ -340,7 +348,7 @@ class _Replay:
             self.share = min(1.0, max(room, MIN_RUN_S) / training) if training else 1.0
         self.charge(build + self.share * training)
         self.references += 1
-        if self.references == self.repeats:
+        if self.references == 1:  # as the tuner: the study and its trial 0 come from the first seed
             self.record_reference()
 
     def record_reference(self) -> None:
@@ -349,6 +357,8 @@ class _Replay:
         rate = row.throughput or 0.0
         self.study.set_user_attr("baseline_config", _config(self.base_row.params))
         self.study.set_user_attr("baseline_throughput", rate)
+        self.study.set_user_attr("reference_wall_seconds",
+                                 self.costs.build_of(row) + self.share * self.costs.training(row))
         if row is not self.base_row:
             self.study.set_user_attr("reference_config", config)
             self.study.set_user_attr(BASELINE_SPEED_PENDING, True)

@@ -21,7 +21,8 @@ import optuna
 from autotune import hardware as _hardware
 from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig, script_baseline_differences
 from autotune._errors import AutotuneError, SpaceError, StudyError
-from autotune._records import BASELINE_SPEED_PENDING, COLOCATION, EARLIER_BASELINE, study_dir, summarize_study
+from autotune._records import (BASELINE_SPEED_PENDING, COLOCATION, EARLIER_BASELINE, REFERENCE_SEEDS, study_dir,
+                               summarize_study)
 from autotune._target import local_modules, target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
@@ -32,7 +33,7 @@ from autotune.study._isolation import probe_in_trial_server, start_trial_server
 from autotune.study._locks import file_lock
 from autotune.study._loop import TrialLoop, diagnosis_attrs, measurement_attrs
 from autotune.study._options import TunerOptions
-from autotune.study._planner import FIRST_FASTER, PLAN, probes_why
+from autotune.study._planner import FIRST_FASTER, PLAN, probes_why, seeds_first, step_levers
 from autotune.study._progress import _Progress
 from autotune.study._references import TRIAL_BUDGET, References, apply_trial_budget
 from autotune.study._stored import load_references, reference_key, store_references
@@ -415,6 +416,15 @@ class Tuner:
         study.set_user_attr(CREATION_DONE, True)  # last: a study without it is half-made
         return study
 
+    def _seeds_first(self, space: _space.SearchSpace) -> int:
+        """The fp32 reference seeds that run before the study's first full trial (``_planner.seeds_first``):
+        all of them where this run only creates the study, for the workers that join it."""
+        repeats = self.options.accuracy.reference_repeats
+        if self.options.study.mode == "create":
+            return repeats
+        return seeds_first(budgeted=self._clock.budgeted, repeats=repeats,
+                           step_levers=step_levers({k: v.values for k, v in space.knobs.items()}))
+
     def _may_adopt_script_batch(self, space: _space.SearchSpace) -> bool:
         """Whether the script's ``ctx.loader(batch_size=)`` may set the baseline's batch (nothing stated it)."""
         return (self.options.study.mode != "join" and self.options.search.batch_size is None
@@ -458,16 +468,30 @@ class Tuner:
                "modules, baseline, length, seeds, torch and device (--fresh-references runs them again)")
         return {**reference, "reference_seconds": 0.0, "references_reused": origin}
 
-    def _store_references(self, space: _space.SearchSpace, caps: _hardware.Capabilities,
-                          reference: dict[str, Any]) -> None:
+    def _store_references(self, reference: dict[str, Any]) -> None:
         """Keep the references for a later study of the same target (never fails the study)."""
         key = getattr(self, "_reference_cache_key", None)
         if key is None or reference.get("references_reused"):
+            return
+        repeats = self.options.accuracy.reference_repeats
+        if reference.get(REFERENCE_SEEDS, repeats) < repeats:
+            self._unstored_reference = reference  # its seeds after the first run in the loop: kept once whole
             return
         try:
             store_references(self.options.study.studies_dir, key, reference, study=self.study_name)
         except OSError as exc:
             print(f"autotune: warning: the references were not kept for reuse: {exc}", file=sys.stderr, flush=True)
+
+    def _store_completed_references(self, study: optuna.Study) -> None:
+        """References whose seeds after the first ran in the loop (``_planner.seeds_first``) are kept for a
+        later study once the study holds them all, as the study now records them (never fails the study)."""
+        reference = getattr(self, "_unstored_reference", None)
+        if reference is None or self._references.missing_seeds(study):
+            return
+        attrs = study.user_attrs
+        self._unstored_reference = None
+        self._store_references({**reference, **{k: attrs[k] for k in reference if k in attrs},
+                                **({"baseline_speed": attrs["baseline_speed"]} if "baseline_speed" in attrs else {})})
 
     def _store_baseline_speed(self, study: optuna.Study) -> None:
         """The baseline's speed run that came after the first trial joins the stored references it belongs to,
@@ -682,7 +706,7 @@ class Tuner:
                             if reference is None:
                                 reference = references.baseline(
                                     ui, adopt_script_batch=self._may_adopt_script_batch(space),
-                                    defer_speed=clock.budgeted)
+                                    defer_speed=clock.budgeted, seeds=self._seeds_first(space))
                             adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
                             if adopted is not None:  # the baseline is the script's batch
                                 space = _space.restrict_to(adopted, caps)
@@ -698,7 +722,8 @@ class Tuner:
                                     ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
                                            "(ctx.loader): the baseline's batch; its reference runs again")
                                     runner.budget = space.budget
-                                    reference = references.baseline(ui, defer_speed=clock.budgeted)
+                                    reference = references.baseline(ui, defer_speed=clock.budgeted,
+                                                                    seeds=self._seeds_first(space))
                             declared = self._script_baseline(space, reference) if mode != "join" else None
                             if declared is not None:  # one baseline for one script, from the shell too
                                 space, rerun = declared
@@ -708,10 +733,11 @@ class Tuner:
                                            "baseline; its fp32 references run again at it (--baseline states it "
                                            "before they run)")
                                     runner.budget = space.budget
-                                    reference = references.baseline(ui, defer_speed=clock.budgeted)
+                                    reference = references.baseline(ui, defer_speed=clock.budgeted,
+                                                                    seeds=self._seeds_first(space))
                                 else:
                                     reference = references.rebase(reference, ui, defer_speed=clock.budgeted)
-                            self._store_references(space, caps, reference)
+                            self._store_references(reference)
                         # After the reference: a length in steps is converted at its measured rate, and the
                         # reference run shows which knobs cannot matter for this model.
                         space = self._plan_compiles(space, reference)
@@ -744,6 +770,7 @@ class Tuner:
                     loop.run(ui)
                 raced = loop.raced
                 study.set_user_attr(EARLIER_BASELINE, "" if raced else self._earlier_baseline(study, loop))
+                self._store_completed_references(study)
                 self._store_baseline_speed(study)
                 with clock.part("race"):
                     if opts.confirm.confirm_samples:
