@@ -208,8 +208,8 @@ class References:
             study.set_user_attr(key, value)
         study.set_user_attr("accuracy_check", {"blind": self.is_blind(study), "reasons": self.blind_reasons(study)})
         study.set_user_attr(REFERENCE_SEEDS, len(measurements))  # last: the band is whole once it says so
-        ui.say(f"  fp32 reference seeds 2-{repeats} ran after the first full trial, before its verdict "
-               f"({seconds:.0f} s)")
+        which = "seed 2" if repeats == 2 else f"seeds 2-{repeats}"
+        ui.say(f"  fp32 reference {which} ran after the first full trial, before its verdict ({seconds:.0f} s)")
         return seconds
 
     def _baseline_of(self, config: TrialConfig, reference_rate: float, ui: _Progress, *,
