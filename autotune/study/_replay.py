@@ -37,7 +37,7 @@ from optuna.trial import TrialState
 
 from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome
 from autotune._errors import TableError
-from autotune._records import BASELINE_SPEED_PENDING, CONFIRMATION, SUPERSEDED, _best_record
+from autotune._records import BASELINE_SPEED_PENDING, CONFIRMATION, REFERENCE_SEEDS, SUPERSEDED, _best_record
 from autotune.search._cost import CACHED_COMPILE_SHARE, CostModel, compile_group, samples_from_trials
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
@@ -258,7 +258,8 @@ class _Replay:
         view = view_of(self.study, knobs=self.table.values, n_trials=self.n_trials, clock=self.clock,
                        race=race,
                        probes=self.prober is not None, probed=lambda best: best.number in self.probed,
-                       device_next=self.device_next, references_done=self.references,
+                       device_next=self.device_next,
+                       references_done=int(self.study.user_attrs.get(REFERENCE_SEEDS, self.references)),
                        reference_repeats=self.repeats, seeds_before=None if self.legacy else seeds_first(
                            budgeted=True, repeats=self.repeats, step_levers=step_levers(self.table.values)),
                        extend_cost=self.extension_seconds, budgeted=True,
@@ -350,6 +351,7 @@ class _Replay:
         self.references += 1
         if self.references == 1:  # as the tuner: the study and its trial 0 come from the first seed
             self.record_reference()
+        self.study.set_user_attr(REFERENCE_SEEDS, self.references)  # as the study records them
 
     def record_reference(self) -> None:
         row = self.reference_row
