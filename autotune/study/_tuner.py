@@ -635,7 +635,10 @@ class Tuner:
             return space.without("mps", True, why), None
         return space, session
 
-    def _run(self, cleanup: contextlib.ExitStack) -> Result:
+    def _set_up(self, cleanup: contextlib.ExitStack) -> _Setup:
+        """The study's setup: its clock, the machine probed (unless the options state its capabilities), the
+        storage open, the space restricted to the machine (with its MPS session where it measures ``mps=true``),
+        the trial runner and its fp32 references, and the study where it exists already (joined or resumed)."""
         started = time.monotonic()
         # This run's start: a race recorded before it is an earlier run's, raced again (``_confirm.race_due``). A
         # joining worker shares a run with the others, whose trials and race it cannot tell apart: it keeps none.
@@ -690,79 +693,97 @@ class Tuner:
         # which the cost model reads as what a run of the baseline costs.
         start_trial_server()
         clock.add("setup", time.monotonic() - setup_began)
-        with _Progress(opts.study.progress, opts.search.n_trials, clock=clock) as ui:
-            if study is None or not _creation_done(study):
-                with self._reference_lock(runner, ui) as locked:
-                    if locked and mode != "join":  # another process may have made the study while this one waited
-                        space = self._stored_script_batch(storage, space)
-                        space = self._stored_script_baseline(storage, space)
-                        space = self._stored_compile_plan(storage, space)
-                        space = self._stored_model_restriction(storage, space)
-                        study = self._load_existing(storage, space)
-                    if study is None or not _creation_done(study):
-                        with clock.part("setup"):  # reading a file: the split's references stay at 0 s
-                            reference = self._stored_references(space, caps, references, ui)
-                        with clock.part("references"):
-                            if reference is None:
-                                reference = references.baseline(
-                                    ui, adopt_script_batch=self._may_adopt_script_batch(space),
-                                    defer_speed=clock.budgeted, seeds=self._seeds_first(space))
-                            adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
-                            if adopted is not None:  # the baseline is the script's batch
-                                space = _space.restrict_to(adopted, caps)
-                                runner.baseline = space.baseline
-                                ran_at = TrialConfig.from_dict(reference["baseline_config"]).global_batch_size
-                                if ran_at == space.baseline.global_batch_size:
-                                    ran = TrialConfig.from_dict(reference["baseline_config"])
-                                    if ran.batch_size == space.baseline.batch_size:  # the same run, as the space says it
-                                        reference["baseline_config"] = references.fp32_baseline.to_dict()
-                                    ui.say(f"  the script trains at batch {ran_at} (ctx.loader): the baseline's "
-                                           "batch, which its reference ran at")
-                                else:  # the script read a length before ctx.loader: the batch could not change
-                                    ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
-                                           "(ctx.loader): the baseline's batch; its reference runs again")
-                                    runner.budget = space.budget
-                                    reference = references.baseline(ui, defer_speed=clock.budgeted,
-                                                                    seeds=self._seeds_first(space))
-                            declared = self._script_baseline(space, reference) if mode != "join" else None
-                            if declared is not None:  # one baseline for one script, from the shell too
-                                space, rerun = declared
-                                runner.baseline = space.baseline
-                                if rerun:
-                                    ui.say(f"  the script's own arguments train with {space.baseline.describe()}: the "
-                                           "baseline; its fp32 references run again at it (--baseline states it "
-                                           "before they run)")
-                                    runner.budget = space.budget
-                                    reference = references.baseline(ui, defer_speed=clock.budgeted,
-                                                                    seeds=self._seeds_first(space))
-                                else:
-                                    reference = references.rebase(reference, ui, defer_speed=clock.budgeted)
-                            self._store_references(reference)
-                        # After the reference: a length in steps is converted at its measured rate, and the
-                        # reference run shows which knobs cannot matter for this model.
-                        space = self._plan_compiles(space, reference)
-                        space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
-                                                         device_loader=_device_loader(reference),
-                                                         **_augment_facts(reference),
-                                                         linear_layers=_linear_layers(reference),
-                                                         repeated_blocks=_repeated_blocks(reference))
-                        with _storage_errors(storage_label, self.study_name), clock.part("setup"):
-                            if study is None:
-                                study = self._create(storage, space, caps, reference)
+        return _Setup(started=started, since=since, options=opts, mode=mode, clock=clock, caps=caps,
+                      storage=storage, storage_label=storage_label, space=space, runner=runner,
+                      references=references, study=study)
+
+    def _prepare_study(self, setup: _Setup, ui: _Progress) -> tuple[optuna.Study, _space.SearchSpace]:
+        """The study ready for its trials and the space they search: where the study is new or half-made, the
+        fp32 references run (or earlier ones are reused) and the study is created or finished from them."""
+        clock, caps, runner, references = setup.clock, setup.caps, setup.runner, setup.references
+        storage, storage_label, mode = setup.storage, setup.storage_label, setup.mode
+        study, space = setup.study, setup.space
+        if study is None or not _creation_done(study):
+            with self._reference_lock(runner, ui) as locked:
+                if locked and mode != "join":  # another process may have made the study while this one waited
+                    space = self._stored_script_batch(storage, space)
+                    space = self._stored_script_baseline(storage, space)
+                    space = self._stored_compile_plan(storage, space)
+                    space = self._stored_model_restriction(storage, space)
+                    study = self._load_existing(storage, space)
+                if study is None or not _creation_done(study):
+                    with clock.part("setup"):  # reading a file: the split's references stay at 0 s
+                        reference = self._stored_references(space, caps, references, ui)
+                    with clock.part("references"):
+                        if reference is None:
+                            reference = references.baseline(
+                                ui, adopt_script_batch=self._may_adopt_script_batch(space),
+                                defer_speed=clock.budgeted, seeds=self._seeds_first(space))
+                        adopted = self._adopt_script_batch(space, reference) if mode != "join" else None
+                        if adopted is not None:  # the baseline is the script's batch
+                            space = _space.restrict_to(adopted, caps)
+                            runner.baseline = space.baseline
+                            ran_at = TrialConfig.from_dict(reference["baseline_config"]).global_batch_size
+                            if ran_at == space.baseline.global_batch_size:
+                                ran = TrialConfig.from_dict(reference["baseline_config"])
+                                if ran.batch_size == space.baseline.batch_size:  # the same run, as the space says it
+                                    reference["baseline_config"] = references.fp32_baseline.to_dict()
+                                ui.say(f"  the script trains at batch {ran_at} (ctx.loader): the baseline's "
+                                       "batch, which its reference ran at")
+                            else:  # the script read a length before ctx.loader: the batch could not change
+                                ui.say(f"  the script trains at batch {space.baseline.global_batch_size} "
+                                       "(ctx.loader): the baseline's batch; its reference runs again")
+                                runner.budget = space.budget
+                                reference = references.baseline(ui, defer_speed=clock.budgeted,
+                                                                seeds=self._seeds_first(space))
+                        declared = self._script_baseline(space, reference) if mode != "join" else None
+                        if declared is not None:  # one baseline for one script, from the shell too
+                            space, rerun = declared
+                            runner.baseline = space.baseline
+                            if rerun:
+                                ui.say(f"  the script's own arguments train with {space.baseline.describe()}: the "
+                                       "baseline; its fp32 references run again at it (--baseline states it "
+                                       "before they run)")
+                                runner.budget = space.budget
+                                reference = references.baseline(ui, defer_speed=clock.budgeted,
+                                                                seeds=self._seeds_first(space))
                             else:
-                                study = self._finish_creation(study, space, caps, reference)
-                        self._show_reference(study, reference, ui)
-            if mode == "create":
+                                reference = references.rebase(reference, ui, defer_speed=clock.budgeted)
+                        self._store_references(reference)
+                    # After the reference: a length in steps is converted at its measured rate, and the
+                    # reference run shows which knobs cannot matter for this model.
+                    space = self._plan_compiles(space, reference)
+                    space = _space.restrict_to_model(space, activations_4d=_activations_4d(reference),
+                                                     device_loader=_device_loader(reference),
+                                                     **_augment_facts(reference),
+                                                     linear_layers=_linear_layers(reference),
+                                                     repeated_blocks=_repeated_blocks(reference))
+                    with _storage_errors(storage_label, self.study_name), clock.part("setup"):
+                        if study is None:
+                            study = self._create(storage, space, caps, reference)
+                        else:
+                            study = self._finish_creation(study, space, caps, reference)
+                    self._show_reference(study, reference, ui)
+        return study, space
+
+    def _run(self, cleanup: contextlib.ExitStack) -> Result:
+        """Set the study up, run its trials and the race, then report what it found."""
+        setup = self._set_up(cleanup)
+        opts, clock, runner, storage_label = setup.options, setup.clock, setup.runner, setup.storage_label
+        with _Progress(opts.study.progress, opts.search.n_trials, clock=clock) as ui:
+            study, space = self._prepare_study(setup, ui)
+            if setup.mode == "create":
                 return summarize_study(study, storage_url=storage_label)
             with clock.part("setup"):
                 study.sampler = self._sampler(space)
                 self._warn_if_target_changed(study)
-                self._warn_if_shared(study, caps)
+                self._warn_if_shared(study, setup.caps)
                 start_trial_server()
-            loop = TrialLoop(study=study, space=space, storage=storage, runner=runner, references=references,
-                             n_trials=opts.search.n_trials, timeout=opts.search.timeout, started=started,
-                             prune_below=opts.search.prune_below, seed=opts.study.seed, identity=self._identity,
-                             clock=clock, top_k=opts.confirm.top_k, confirm=opts.confirm, since=since)
+            loop = TrialLoop(study=study, space=space, storage=setup.storage, runner=runner,
+                             references=setup.references, n_trials=opts.search.n_trials, timeout=opts.search.timeout,
+                             started=setup.started, prune_below=opts.search.prune_below, seed=opts.study.seed,
+                             identity=self._identity, clock=clock, top_k=opts.confirm.top_k, confirm=opts.confirm,
+                             since=setup.since)
             try:
                 # The loop runs what the planner says, the race of the finalists last (in every mode that runs
                 # trials: when several workers share the study, the last to finish claims it, see confirm_top_k).
@@ -787,12 +808,12 @@ class Tuner:
             self._record_split(study, loop)  # for the study note, which the report writes (updated after it)
             from autotune.insight._report import annotate_study  # diagnoses, dashboard note, plots; never raises
 
-            annotate_study(study, studies_dir=studies_dir, plots=opts.study.plots)
+            annotate_study(study, studies_dir=opts.study.studies_dir, plots=opts.study.plots)
             result = summarize_study(study, storage_url=storage_label)
         with clock.part("report"):
             why = "" if raced else self._why_unconfirmed(study, loop)
         self._record_split(study, loop)
-        path = write_best_config(study, result, studies_dir, unconfirmed=why)
+        path = write_best_config(study, result, opts.study.studies_dir, unconfirmed=why)
         return _with_path(result, path)
 
     def _why_unconfirmed(self, study: optuna.Study, loop: TrialLoop) -> str:
@@ -910,6 +931,24 @@ class Tuner:
         if line and study.user_attrs.get(COLOCATION) != line:  # a worker that sees the same says it once
             study.set_user_attr(COLOCATION, line)
             print(f"autotune: warning: {line}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    """What a study's setup leaves for its run (``Tuner._set_up``); the study's creation and the run read it."""
+
+    started: float  # time.monotonic() at the run's start: the clock's and the trial loop's
+    since: Optional[float]  # this run's start for the race (time.time()); None for a joining worker
+    options: TunerOptions  # as the setup left them: a joining worker adopts the study's
+    mode: str
+    clock: StudyClock
+    caps: _hardware.Capabilities
+    storage: Any
+    storage_label: str
+    space: _space.SearchSpace  # restricted to the machine, before the references say what the model rules out
+    runner: TrialRunner  # it holds the MPS session, when the space measures mps=true
+    references: References
+    study: Optional[optuna.Study]  # a joined or resumed study (maybe half-made); None until created
 
 
 def _script_batch(reference: dict[str, Any]) -> Optional[int]:
