@@ -220,7 +220,8 @@ class TrialLoop:
     def view(self) -> StudyView:
         """The study's records and clock as the planner reads them."""
         repeats = self.references.options.reference_repeats
-        return view_of(self.study, knobs={k: v.values for k, v in self.space.knobs.items()}, n_trials=self.n_trials,
+        knobs = {k: v.values for k, v in self.space.knobs.items()}
+        return view_of(self.study, knobs=knobs, n_trials=self.n_trials,
                        clock=self.clock, probes=self.probes is not None,
                        race=race_seconds(self.study, self.top_k, self.runner.budget) if self.clock.budgeted else 0.0,
                        extend_cost=(lambda attrs, length: self.references.extension_seconds(self.study, attrs, length))
@@ -234,8 +235,7 @@ class TrialLoop:
                        and self.probes.device_variant(best.config) is not None,
                        references_done=repeats - self.references.missing_seeds(self.study),
                        reference_repeats=repeats, seeds_before=seeds_first(
-                           budgeted=self.clock.budgeted, repeats=repeats,
-                           step_levers=step_levers({k: v.values for k, v in self.space.knobs.items()})),
+                           budgeted=self.clock.budgeted, repeats=repeats, step_levers=step_levers(knobs)),
                        decisive=lambda trial: sum(self._decisive(trial) or ()) or None)
 
     def _stopped(self) -> str:

@@ -87,6 +87,8 @@ class Tuner:
         self._baseline_source = ""  # where the baseline came from: the space's YAML, or baseline= (--baseline)
         self._script_knobs: dict[str, Any] = {}  # the baseline's knobs adopted from the script's own arguments
         self._batch_source = ""  # where the global batch came from: --batch-size, --baseline, the space, the script
+        # References short of the seeds the loop runs after the first full trial: kept for reuse once whole.
+        self._unstored_reference: Optional[dict[str, Any]] = None
 
     # -- setup -----------------------------------------------------------------------------------
     def _load_space(self, caps: Optional[_hardware.Capabilities]) -> _space.SearchSpace:
@@ -475,7 +477,7 @@ class Tuner:
             return
         repeats = self.options.accuracy.reference_repeats
         if reference.get(REFERENCE_SEEDS, repeats) < repeats:
-            self._unstored_reference = reference  # its seeds after the first run in the loop: kept once whole
+            self._unstored_reference = reference
             return
         try:
             store_references(self.options.study.studies_dir, key, reference, study=self.study_name)
@@ -485,7 +487,7 @@ class Tuner:
     def _store_completed_references(self, study: optuna.Study) -> None:
         """References whose seeds after the first ran in the loop (``_planner.seeds_first``) are kept for a
         later study once the study holds them all, as the study now records them (never fails the study)."""
-        reference = getattr(self, "_unstored_reference", None)
+        reference = self._unstored_reference
         if reference is None or self._references.missing_seeds(study):
             return
         attrs = study.user_attrs
