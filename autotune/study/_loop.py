@@ -233,7 +233,7 @@ class TrialLoop:
                            self.probes is not None and self.probes.probed(best.config)),
                        device_next=lambda best: self.probes is not None
                        and self.probes.device_variant(best.config) is not None,
-                       references_done=repeats - self.references.missing_seeds(self.study),
+                       references_done=repeats - self.references.missing_seeds(self.study.user_attrs),
                        reference_repeats=repeats, seeds_before=seeds_first(
                            budgeted=self.clock.budgeted, repeats=repeats, step_levers=step_levers(knobs)),
                        decisive=lambda trial: sum(self._decisive(trial) or ()) or None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import optuna
 
@@ -160,9 +160,10 @@ class References:
             )
         return outcome.measurement
 
-    def missing_seeds(self, study: optuna.Study) -> int:
-        """The fp32 reference seeds the study's references lack (run after the first full trial: ``complete``)."""
-        held = study.user_attrs.get(REFERENCE_SEEDS)
+    def missing_seeds(self, attrs: Mapping[str, Any]) -> int:
+        """The fp32 reference seeds a references record lacks (``baseline()``'s, or a study's attributes): those
+        run after the first full trial (``complete``)."""
+        held = attrs.get(REFERENCE_SEEDS)
         repeats = self.options.reference_repeats
         return max(0, repeats - held) if isinstance(held, int) and not isinstance(held, bool) else 0
 
@@ -176,7 +177,7 @@ class References:
             StudyError: the budget stopped a seed before it finished.
             WorkloadError: a seed failed.
         """
-        if not self.missing_seeds(study):
+        if not self.missing_seeds(study.user_attrs):
             return 0.0
         started = time.perf_counter()
         attrs = study.user_attrs
@@ -192,7 +193,7 @@ class References:
             workdir = f"reference-{repeat}"
             outcome = self.runner.run(config, workdir, seed=seed, timeout=self.clock.cap(self.runner.timeout))
             measurements.append(self._checked(workdir, outcome))
-        if not self.missing_seeds(study):
+        if not self.missing_seeds(study.user_attrs):
             return time.perf_counter() - started  # another worker recorded them meanwhile: its record stands
         band = ReferenceBand.of_measurements(measurements)
         seconds = time.perf_counter() - started

@@ -21,8 +21,7 @@ import optuna
 from autotune import hardware as _hardware
 from autotune._config import TORCH_LOADER_KNOBS, Measurement, Result, TrialConfig, script_baseline_differences
 from autotune._errors import AutotuneError, SpaceError, StudyError
-from autotune._records import (BASELINE_SPEED_PENDING, COLOCATION, EARLIER_BASELINE, REFERENCE_SEEDS, study_dir,
-                               summarize_study)
+from autotune._records import BASELINE_SPEED_PENDING, COLOCATION, EARLIER_BASELINE, study_dir, summarize_study
 from autotune._target import local_modules, target_digest, target_file, target_of
 from autotune.search import _compile, _space
 from autotune.hardware._mps import MpsSession, open_mps
@@ -475,8 +474,7 @@ class Tuner:
         key = getattr(self, "_reference_cache_key", None)
         if key is None or reference.get("references_reused"):
             return
-        repeats = self.options.accuracy.reference_repeats
-        if reference.get(REFERENCE_SEEDS, repeats) < repeats:
+        if self._references.missing_seeds(reference):
             self._unstored_reference = reference
             return
         try:
@@ -488,7 +486,7 @@ class Tuner:
         """References whose seeds after the first ran in the loop (``_planner.seeds_first``) are kept for a
         later study once the study holds them all, as the study now records them (never fails the study)."""
         reference = self._unstored_reference
-        if reference is None or self._references.missing_seeds(study):
+        if reference is None or self._references.missing_seeds(study.user_attrs):
             return
         attrs = study.user_attrs
         self._unstored_reference = None
