@@ -128,11 +128,15 @@ def run_seconds(study: optuna.Study, config: TrialConfig, rate: float, budget: O
 
 
 def race_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> float:
-    """What the shortest race of the current finalists that reads a speed-up is predicted to cost: one round,
-    every finalist and the baseline once (the leader and the baseline first, so the pick's speed-up is read
-    from runs side by side). The race runs further rounds while the budget has time for them. 0 when there
-    is nothing to race."""
-    return sum(entrant_seconds(study, top_k, budget)[0].values())
+    """What the race is kept free for while trials run: its first two runs, the leader's and the baseline's,
+    the shortest race that reads the pick's speed-up from runs side by side. The race runs the other
+    finalists, and further rounds, in what the budget has left then (``_Race.run``: each run that does not
+    fit ends it). Keeping a whole round free (every finalist once) cost a short budget the trial that would
+    have found a faster config: the finalists' runs are a check of the order, the pair is the answer. 0 when
+    there is nothing to race."""
+    costs, base_key = entrant_seconds(study, top_k, budget)
+    leader = next((key for key in costs if key != base_key), None)  # entrants are ranked fastest first
+    return costs[leader] + costs[base_key] if leader is not None else 0.0
 
 
 def entrant_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> tuple[dict[str, float], str]:

@@ -22,12 +22,12 @@ likely to change the pick runs first, and gives each fixed cost a share of the b
    accuracy decides the pick: it and the fp32 references train a longer length (``StudyView.extension``)
    before anything else is explored. Where that does not fit, it stays ``unchecked``, with the budget that
    would settle it.
-5. **Trials while they fit**, each predicted by the cost model, the race of the finalists kept free
-   (``admit``) once a full trial faster than the baseline exists (``StudyView.reserve``): before that there
-   is nothing worth racing, and a reservation would only keep the likeliest answer from running; then the
-   race, or the end. The probes' pick predicted beyond the race's reach
-   (``StudyView.decisive_seconds``) needs only one round of its own race against the baseline kept free: raced,
-   the finalists of now would be out of its reach, and the whole race's reservation would keep the slower answer.
+5. **Trials while they fit**, each predicted by the cost model, the race's first two runs (the leader's and
+   the baseline's, ``_confirm.race_seconds``) kept free (``admit``) once a full trial faster than the baseline
+   exists (``StudyView.reserve``): before that there is nothing worth racing, and a reservation would only keep
+   the likeliest answer from running; then the race, or the end. The probes' pick predicted beyond the race's
+   reach (``StudyView.decisive_seconds``) needs only its own run and the baseline's kept free: raced, the
+   finalists of now would be out of its reach.
 
 ``next_action`` is a pure function of a ``StudyView`` (a study's records and its clock), so its decisions are
 tested on recorded studies without running a trial. ``TrialLoop`` acts on them and records each new one in
@@ -46,7 +46,7 @@ from optuna.trial import TrialState
 from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, SUPERSEDED,
                                _best_record, _budget_trials, _distinct_configs)
 from autotune.search._cost import CostModel, samples_from_trials
-from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES
+from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, loader_moves
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import race_due
 
@@ -147,7 +147,8 @@ class StudyView:
         finished: Trials that count toward the trial budget (a queued retry's place among them).
         n_trials: The trial budget.
         usable_seconds: Seconds left for runs (infinite without a budget).
-        race_seconds: What the race of the finalists is predicted to need.
+        race_seconds: What the race is kept free for: the leader's run and the baseline's
+            (``_confirm.race_seconds``).
         budget_seconds: The study's budget, None without one.
         baseline_speed_pending: The baseline's own speed run is still to come (the references ran with
             another loader, and the study left it for after the first full trial).
@@ -204,8 +205,8 @@ class StudyView:
 
     @property
     def reserve(self) -> float:
-        """The seconds kept free for the race of the finalists: none until a candidate faster than the
-        baseline exists, for until then there is nothing worth racing."""
+        """The seconds kept free for the race's first two runs, the leader's and the baseline's: none until a
+        candidate faster than the baseline exists, for until then there is nothing worth racing."""
         return self.race_seconds if self.faster_found else 0.0
 
 
@@ -311,8 +312,8 @@ def _next(view: StudyView) -> Decision:
         if not view.faster_found:
             return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, too little "
                                   f"for another run", by_budget=True)
-        return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race of "
-                              f"the finalists needs {view.reserve:.0f} s", by_budget=True)
+        return Decision(STOP, f"the study's budget had {max(0.0, view.usable_seconds):.0f} s left, the race's "
+                              f"first runs (the leader and the baseline) need {view.reserve:.0f} s", by_budget=True)
     if view.retries:
         return Decision(TRIAL, RETRY_REASON)
     extension = view.extension
@@ -368,7 +369,7 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
     Args:
         knobs: The space's values per knob.
         clock: The study's clock (its budget and what is left of it).
-        race: Seconds the race of the finalists is predicted to need.
+        race: Seconds kept free for the race once a faster candidate exists (``_confirm.race_seconds``).
         probed: Whether the probes of a ``TrialRecord`` (the incumbent) ran already.
         device_next: Whether the incumbent's device-resident-loader variant is offered and untried.
         decisive: A queued trial's ``StudyView.decisive_seconds`` (None where it is no decisive pick).
@@ -416,23 +417,28 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
         baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)),
         decisive_seconds=decisive(waiting[0]) if waiting else None, faster_found=faster is not None,
-        probe_seconds=probe_round_seconds(study, best.config) if budgeted and best is not None else 0.0,
+        probe_seconds=probe_round_seconds(study, best.config, best.throughput, knobs=knobs) if budgeted and best is not None else 0.0,
         extension=extension, exhausted=space_size is not None and len(_distinct_configs(study)) >= space_size,
         over_budget_streak=over_budget_streak, last_over_budget=last_over_budget, ruled_out_streak=ruled_out_streak,
         stopped=stopped, race_due=not race_tried and race_due(study, top_k, since=since))
 
 
-# The timed windows of one loader variant in a loader probe (a few short windows at the loader's rate).
-PROBE_WINDOW_S = 1.0
-
-
-def probe_round_seconds(study: Any, config: Any) -> float:
-    """What a probe round of the incumbent ``config`` and the trial it queues are predicted to cost, from the
-    study's cost model: the loader probe's process with ``MAX_LOADER_PROBES`` variants' windows, the step
-    probe (a process of the incumbent, its compile cached: at most its trial) and the queued trial (about
-    the incumbent's)."""
+def probe_round_seconds(study: Any, config: Any, rate: Optional[float] = None, *,
+                        knobs: Optional[Mapping[str, Sequence[Any]]] = None) -> float:
+    """What a probe round of the incumbent ``config`` (at ``rate``, its trial's throughput) and the trial it
+    queues are predicted to cost, from the study's cost model: the loader probe's process, whose variants
+    (``loader_moves`` over the space's ``knobs``, at most ``MAX_LOADER_PROBES``) each iterate a trial's warm-up
+    and windows at about the incumbent's rate (an input-bound incumbent runs at its loader's rate), the step
+    probe (a process of the incumbent, its compile cached: at most its trial) and the queued trial (about the
+    incumbent's)."""
     model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
-    return model.overhead + MAX_LOADER_PROBES * PROBE_WINDOW_S + 2 * model.predict(config.to_dict())
+    rate = rate or model.rate
+    current = config.to_dict()
+    moves = ({tuple(sorted({**current, **move}.items(), key=lambda kv: kv[0])) for move in loader_moves(knobs, current)}
+             if knobs is not None else ())
+    variants = min(MAX_LOADER_PROBES, len(moves)) if knobs is not None else MAX_LOADER_PROBES
+    windows = model.samples / rate if rate and model.samples else 0.0  # one variant's warm-up and windows
+    return model.overhead + variants * windows + 2 * model.predict(current, rate=rate)
 
 
 def extension_seconds(study: Any, attrs: Mapping[str, Any], length: float, *, reference: Mapping[str, Any],
@@ -506,7 +512,7 @@ def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_
     if predicted_seconds + seeds_seconds + race_seconds <= usable_seconds:
         return ""
     seeds = f", the fp32 reference seeds after it {seeds_seconds:.0f} s" if seeds_seconds > 0 else ""
-    race = f" and the race of the finalists {race_seconds:.0f} s" if race_seconds > 0 else ""
+    race = f" and the race's first runs {race_seconds:.0f} s" if race_seconds > 0 else ""
     return (f"not run: the study's budget had {max(0.0, usable_seconds):.0f} s left, this trial needs about "
             f"{predicted_seconds:.0f} s{seeds}{race}")
 

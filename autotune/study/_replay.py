@@ -49,7 +49,7 @@ from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, RA
                                      Decision, admit, extension_seconds, next_action, seeds_first, step_levers,
                                      view_of)
 from autotune.study._loop import decisive_seconds
-from autotune.study._probes import PREDICTED, PREDICTED_CONFIG
+from autotune.study._probes import MAX_LOADER_PROBES, PREDICTED, PREDICTED_CONFIG
 from autotune.study._progress import _Progress
 from autotune.study._references import SPEED_WINDOW_STEPS
 
@@ -191,10 +191,18 @@ class _Runner:
 
 def _race_before(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> float:
     """The race's reservation under the rules before (for ``rules="before"``): every finalist once, the leader
-    once more and the baseline ``BASELINE_RUNS`` times, where ``race_seconds`` now keeps one round."""
+    once more and the baseline ``BASELINE_RUNS`` times, where ``race_seconds`` now keeps the leader's run and the
+    baseline's."""
     costs, base_key = entrant_seconds(study, top_k, budget)
     finalists = [seconds for key, seconds in costs.items() if key != base_key]
     return sum(finalists) + max(finalists, default=0.0) + BASELINE_RUNS * costs.get(base_key, 0.0)
+
+
+def _probe_round_before(study: optuna.Study, config: Mapping[str, Any]) -> float:
+    """A probe round's price under the rules before (for ``rules="before"``): a second a loader variant, where
+    ``probe_round_seconds`` now prices each at a trial's samples at the incumbent's rate."""
+    model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
+    return model.overhead + MAX_LOADER_PROBES * 1.0 + 2 * model.predict(dict(config))
 
 
 def _measurement(rate: float, samples: int) -> Measurement:
@@ -267,8 +275,9 @@ class _Replay:
                        or None, space_size=self.table.size, over_budget_streak=self.over_budget,
                        last_over_budget=self.over_budget_note, ruled_out_streak=self.ruled_out, top_k=self.top_k,
                        race_tried=self.race_tried)
-        if self.legacy:  # the rules before: the race always reserved, no longer evidence
-            view = dataclasses.replace(view, faster_found=True, extension=None)
+        if self.legacy:  # the rules before: the race always reserved, no longer evidence, probes at a second a variant
+            probe = _probe_round_before(self.study, view.best["config"]) if view.probe_seconds else 0.0
+            view = dataclasses.replace(view, faster_found=True, extension=None, probe_seconds=probe)
         return view
 
     def decide(self) -> Decision:
