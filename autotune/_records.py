@@ -132,6 +132,10 @@ CONFIRMATION = "top_k_confirmation"  # the study attribute of the top-K re-measu
 # is shorter than a trial (about a second a window), so the two agree less closely than two race runs, yet a
 # factor of 1.5 is no measurement error. The speed-up's range reads it too.
 TRIAL_GAP = 0.5
+# What "faster than the baseline" means for the first faster config: more than this many times its rate. Two runs
+# of one config differ by a few percent (an H100 GPT-2's fp32 reference, run with two DataLoader workers, read
+# 1.006x the baseline's own speed run), so a config within that is no faster config to report.
+FASTER_BY = 1.05
 
 
 def disagreement(rates: list[float]) -> float:

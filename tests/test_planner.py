@@ -147,6 +147,22 @@ def test_a_reference_run_with_another_loader_than_the_baselines_can_be_the_first
     assert first_faster(same, 270.0, baseline) is None  # the baseline's own reference is no faster config
 
 
+def test_a_config_within_a_few_percent_of_the_baseline_is_no_faster_config() -> None:
+    """The H100 GPT-2 Trainer study of 2026-12-07 (answer-first-h200/dec07-h100-b): its fp32 reference, run with
+    the prior point's two workers, read 180.2 samples/s against the baseline's own 179.1, and was reported as
+    the first faster config at 23% of the budget. Two runs of one config differ that much; the prior point,
+    4.7x, was the first faster config."""
+    import optuna
+
+    study = optuna.load_study(study_name="gpt2-b4",
+                              storage=f"sqlite:///{RESULTS / 'answer-first-h200' / 'dec07-h100-b' / 'gpt2.db'}")
+    trials = [{**t.user_attrs, "number": t.number} for t in study.trials if t.state.name == "COMPLETE"]
+    base = study.user_attrs["baseline_throughput"]
+    assert trials[0]["role"] == "reference" and 1.0 < trials[0]["throughput"] / base < 1.01
+    found = first_faster(trials, base, study.user_attrs["baseline_config"])
+    assert found is not None and found["trial"] == 1 and found["speedup"] > 4
+
+
 def test_a_dead_workers_retry_keeps_its_place_when_a_probes_pick_filled_the_budget() -> None:
     """The recorded input-bound study up to its second trial, then a third that a dead worker left RUNNING:
     the probes queue a pick, the stale trial is failed and its retry queued behind it. With three trials the

@@ -31,7 +31,7 @@ from autotune._files import atomic_path, write_atomic
 from autotune.insight._accuracy import accuracy_lines, matplotlib_loss_curves, plotly_loss_curves
 from autotune.insight._diagnose import Diagnosis, annotate_trials, diagnose_study, gpu_reading, next_step
 from autotune._errors import ReportError
-from autotune._records import CONFIRMATION, batch_reference_noise, batch_references
+from autotune._records import CONFIRMATION, FASTER_BY, batch_reference_noise, batch_references
 from autotune._records import DEFAULT_STUDIES_DIR, study_dir
 
 ARTIFACTS_DIR = "artifacts"  # under studies_dir; `autotune dashboard` passes the same --artifact-dir
@@ -280,10 +280,11 @@ def plan_lines(split: Mapping[str, Any], result: Any = None) -> list[str]:
         lines.append(text + ".")
     elif "first_faster" in split:
         if faster:
-            lines.append(f"First faster config: no feasible full trial's own run beat the baseline's; the pick's "
-                         f"speed-up ({result.verdict}) is from {result.spread_text}.")
+            lines.append(f"First faster config: no feasible full trial's own run beat the baseline's by more than "
+                         f"{FASTER_BY - 1:.0%}; the pick's speed-up ({result.verdict}) is from {result.spread_text}.")
         else:
-            lines.append("First faster config: no feasible full trial's own run beat the baseline's.")
+            lines.append(f"First faster config: no feasible full trial's own run beat the baseline's by more than "
+                         f"{FASTER_BY - 1:.0%}.")
     reused = split.get("references_reused")
     if isinstance(reused, dict):
         lines.append(f"References: reused from study {reused.get('study')!r} ({reused.get('created')}), 0 s.")

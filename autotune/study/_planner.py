@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from optuna.trial import TrialState
 
-from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, OVER_BUDGET, SUPERSEDED,
+from autotune._records import (BASELINE_SPEED_PENDING, CANNOT_RUN, FASTER_BY, OVER_BUDGET, SUPERSEDED,
                                _best_record, _budget_trials, _distinct_configs)
 from autotune.search._cost import CostModel, samples_from_trials
 from autotune.search._predict import AS_TRIAL, INPUT_BOUND, LOADER_KNOBS, MAX_LOADER_PROBES, loader_moves
@@ -519,8 +519,8 @@ def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_
 
 def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float,
                  baseline_config: Optional[Mapping[str, Any]] = None) -> Optional[dict[str, Any]]:
-    """The first finished full trial (by number) that is feasible and faster than the baseline, as
-    ``{"trial", "throughput", "speedup"}``; None when none is. A reference run counts where it ran another
+    """The first finished full trial (by number) that is feasible and faster than the baseline (by more than
+    ``FASTER_BY``), as ``{"trial", "throughput", "speedup"}``; None when none is. A reference run counts where it ran another
     config than the baseline (``baseline_config``: the prior point's loader), for then it can be the pick."""
     for attrs in sorted(trials, key=lambda a: a.get("number", 0)):
         if attrs.get("role") == "reference" and (baseline_config is None or attrs.get("config") == baseline_config):
@@ -530,7 +530,7 @@ def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float
         if attrs.get("accuracy_verdict") not in (None, "equivalent", "unchecked"):
             continue
         rate = attrs.get("throughput") or 0.0
-        if baseline_throughput > 0 and rate > baseline_throughput:
+        if baseline_throughput > 0 and rate > FASTER_BY * baseline_throughput:
             return {"trial": attrs.get("number"), "throughput": rate, "speedup": round(rate / baseline_throughput, 3)}
     return None
 

@@ -37,7 +37,8 @@ from optuna.trial import TrialState
 
 from autotune._config import TORCH_LOADER_KNOBS, Budget, Measurement, TrialConfig, TrialOutcome
 from autotune._errors import TableError
-from autotune._records import BASELINE_SPEED_PENDING, CONFIRMATION, REFERENCE_SEEDS, SUPERSEDED, _best_record
+from autotune._records import (BASELINE_SPEED_PENDING, CONFIRMATION, FASTER_BY, REFERENCE_SEEDS, SUPERSEDED,
+                               _best_record)
 from autotune.search._cost import CACHED_COMPILE_SHARE, CostModel, compile_group, samples_from_trials
 from autotune.search._rules import infeasible_reason
 from autotune.search._sampler import GuidedSampler
@@ -45,9 +46,9 @@ from autotune.search._simulate import (CONFIG_FIELDS, NoisyLookup, ReplayProbes,
                                       make_sampler)
 from autotune.study._budget import MIN_RUN_S, StudyClock
 from autotune.study._confirm import BASELINE_RUNS, _entrants, _Race, entrant_seconds, race_seconds, speed_budget
-from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, RACE, REFERENCE, SHORT_EVIDENCE, STOP,
-                                     Decision, admit, extension_seconds, next_action, seeds_first, step_levers,
-                                     view_of)
+from autotune.study._planner import (BASELINE_SPEED, EXTEND, EXTENDED, PROBE, RACE, REFERENCE,
+                                     SHORT_EVIDENCE, STOP, Decision, admit, extension_seconds, next_action,
+                                     seeds_first, step_levers, view_of)
 from autotune.study._loop import decisive_seconds
 from autotune.study._probes import MAX_LOADER_PROBES, PREDICTED, PREDICTED_CONFIG
 from autotune.study._progress import _Progress
@@ -517,7 +518,7 @@ class _Replay:
         for number, began in sorted(self.started.items()):
             attrs = self.study.trials[number].user_attrs
             row = self.costs.row(dict(self.study.trials[number].params))
-            if attrs.get("status") == "ok" and (row.throughput or 0.0) > base \
+            if attrs.get("status") == "ok" and (row.throughput or 0.0) > FASTER_BY * base \
                     and verdict_at(row, 1.0, self.max_loss) == "equivalent":
                 first = began
                 break
