@@ -417,7 +417,8 @@ def view_of(study: Any, *, knobs: Mapping[str, Sequence[Any]], n_trials: int, cl
         usable_seconds=clock.usable(), race_seconds=race, budget_seconds=clock.budget_seconds,
         baseline_speed_pending=bool(study.user_attrs.get(BASELINE_SPEED_PENDING)),
         decisive_seconds=decisive(waiting[0]) if waiting else None, faster_found=faster is not None,
-        probe_seconds=probe_round_seconds(study, best.config, best.throughput, knobs=knobs) if budgeted and best is not None else 0.0,
+        probe_seconds=(probe_round_seconds(study, best.config, best.throughput, knobs=knobs)
+                       if budgeted and best is not None else 0.0),
         extension=extension, exhausted=space_size is not None and len(_distinct_configs(study)) >= space_size,
         over_budget_streak=over_budget_streak, last_over_budget=last_over_budget, ruled_out_streak=ruled_out_streak,
         stopped=stopped, race_due=not race_tried and race_due(study, top_k, since=since))
@@ -434,9 +435,10 @@ def probe_round_seconds(study: Any, config: Any, rate: Optional[float] = None, *
     model = CostModel.fit(samples_from_trials(study.get_trials(deepcopy=False)))
     rate = rate or model.rate
     current = config.to_dict()
-    moves = ({tuple(sorted({**current, **move}.items(), key=lambda kv: kv[0])) for move in loader_moves(knobs, current)}
-             if knobs is not None else ())
-    variants = min(MAX_LOADER_PROBES, len(moves)) if knobs is not None else MAX_LOADER_PROBES
+    variants = MAX_LOADER_PROBES
+    if knobs is not None:  # distinct variants: a pair of moves can land where a single one did
+        distinct = {repr(sorted({**current, **move}.items())) for move in loader_moves(knobs, current)}
+        variants = min(variants, len(distinct))
     windows = model.samples / rate if rate and model.samples else 0.0  # one variant's warm-up and windows
     return model.overhead + variants * windows + 2 * model.predict(current, rate=rate)
 
@@ -520,8 +522,9 @@ def over_budget_reason(predicted_seconds: float, *, usable_seconds: float, race_
 def first_faster(trials: Sequence[Mapping[str, Any]], baseline_throughput: float,
                  baseline_config: Optional[Mapping[str, Any]] = None) -> Optional[dict[str, Any]]:
     """The first finished full trial (by number) that is feasible and faster than the baseline (by more than
-    ``FASTER_BY``), as ``{"trial", "throughput", "speedup"}``; None when none is. A reference run counts where it ran another
-    config than the baseline (``baseline_config``: the prior point's loader), for then it can be the pick."""
+    ``FASTER_BY``), as ``{"trial", "throughput", "speedup"}``; None when none is. A reference run counts where it
+    ran another config than the baseline (``baseline_config``: the prior point's loader), for then it can be the
+    pick."""
     for attrs in sorted(trials, key=lambda a: a.get("number", 0)):
         if attrs.get("role") == "reference" and (baseline_config is None or attrs.get("config") == baseline_config):
             continue

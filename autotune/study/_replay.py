@@ -276,7 +276,7 @@ class _Replay:
                        or None, space_size=self.table.size, over_budget_streak=self.over_budget,
                        last_over_budget=self.over_budget_note, ruled_out_streak=self.ruled_out, top_k=self.top_k,
                        race_tried=self.race_tried)
-        if self.legacy:  # the rules before: the race always reserved, no longer evidence, probes at a second a variant
+        if self.legacy:  # the rules before: the race always reserved, no longer evidence, a second a probe variant
             probe = _probe_round_before(self.study, view.best["config"]) if view.probe_seconds else 0.0
             view = dataclasses.replace(view, faster_found=True, extension=None, probe_seconds=probe)
         return view
