@@ -181,8 +181,8 @@ def test_a_probe_round_is_priced_at_what_the_recorded_rounds_cost() -> None:
     median is within 2.5x (the rounds from an incumbent with no workers, whose variants all ran far faster,
     are priced 9x over)."""
     from autotune.search._cost import CostModel, samples_from_trials
-    from autotune.search._predict import MAX_LOADER_PROBES
     from autotune.study._planner import probe_round_seconds
+    from autotune.study._replay import _probe_round_before
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     ratios, short_before = [], 0
@@ -200,7 +200,7 @@ def test_a_probe_round_is_priced_at_what_the_recorded_rounds_cost() -> None:
         model = CostModel.fit(samples_from_trials(before.get_trials()))
         trial = model.predict(step["config"], rate=rate)
         price = probe_round_seconds(before, config, rate, knobs=knobs) - trial  # less the trial it queues
-        old = model.overhead + MAX_LOADER_PROBES * 1.0 + model.predict(step["config"])
+        old = _probe_round_before(before, step["config"]) - model.predict(step["config"])  # less its queued trial
         assert price >= 0.9 * cost, (name, price, cost)
         short_before += old < 0.9 * cost
         ratios.append(price / cost)

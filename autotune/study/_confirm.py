@@ -134,9 +134,11 @@ def race_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = Non
     fit ends it). Keeping a whole round free (every finalist once) cost a short budget the trial that would
     have found a faster config: the finalists' runs are a check of the order, the pair is the answer. 0 when
     there is nothing to race."""
-    costs, base_key = entrant_seconds(study, top_k, budget)
-    leader = next((key for key in costs if key != base_key), None)  # entrants are ranked fastest first
-    return costs[leader] + costs[base_key] if leader is not None else 0.0
+    if top_k < 1 or "baseline_config" not in study.user_attrs:
+        return 0.0
+    entrants, base_key, _ = _entrants(study, top_k)
+    leader = next(((config, rate) for key, config, rate in entrants if key != base_key), None)  # fastest first
+    return one_round_seconds(study, *leader, budget) if leader is not None else 0.0
 
 
 def entrant_seconds(study: optuna.Study, top_k: int, budget: Optional[Budget] = None) -> tuple[dict[str, float], str]:
